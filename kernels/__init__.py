@@ -1,0 +1,32 @@
+"""Attention and friends for Arbor's model runner.
+
+Each op has a pure-torch reference in ``kernels/reference`` (the specification and the CPU
+path) and, where it pays, a Triton kernel in ``kernels/triton`` (the GPU path). The runtime
+calls these ops only through ``kernels.dispatch``. This package imports nothing from the
+rest of the project.
+
+KV pool layout (shared by every op)::
+
+    k_buffer, v_buffer : [num_slots, num_kv_heads, head_dim]   one pair per layer
+    slot = page_idx * page_size + offset_in_page
+    page_table         : [batch, max_pages] int32, row b lists request b's pages in order;
+                         entries past the request's last page are ignored (any value)
+"""
+
+from kernels.dispatch import (
+    decode_attention,
+    extend_attention,
+    get_kernel_backend,
+    rms_norm,
+    set_kernel_backend,
+    store_kv,
+)
+
+__all__ = [
+    "decode_attention",
+    "extend_attention",
+    "get_kernel_backend",
+    "rms_norm",
+    "set_kernel_backend",
+    "store_kv",
+]

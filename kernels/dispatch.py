@@ -1,0 +1,108 @@
+"""One dispatcher for every op: Triton on CUDA, the torch reference elsewhere.
+
+The choice is per call, by the device of the inputs, unless overridden with
+``set_kernel_backend("torch" | "triton" | "auto")``. Forcing "triton" runs the Triton
+kernels whatever the device: on CPU tensors that needs ``TRITON_INTERPRET=1`` in the
+environment when the kernel modules are first imported (the kernel tests do this).
+
+The Triton modules are imported lazily, on the first call that uses them, so importing
+``kernels`` never imports Triton.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from kernels import reference
+
+KernelBackend = Literal["auto", "torch", "triton"]
+_backend: KernelBackend = "auto"
+
+
+def set_kernel_backend(name: KernelBackend) -> None:
+    """Force one implementation for every op ("auto" restores device-based choice)."""
+    global _backend
+    if name not in ("auto", "torch", "triton"):
+        raise ValueError(f"unknown kernel backend {name!r}; use 'auto', 'torch' or 'triton'")
+    _backend = name
+
+
+def get_kernel_backend(device: torch.device | None = None) -> Literal["torch", "triton"]:
+    """The implementation used for inputs on ``device``."""
+    if _backend != "auto":
+        return _backend
+    return "triton" if device is not None and device.type == "cuda" else "torch"
+
+
+def _use_triton(t: torch.Tensor) -> bool:
+    return get_kernel_backend(t.device) == "triton"
+
+
+def store_kv(
+    k_buffer: torch.Tensor,  # [num_slots, Hkv, D]
+    v_buffer: torch.Tensor,  # [num_slots, Hkv, D]
+    k: torch.Tensor,  # [T, Hkv, D]
+    v: torch.Tensor,  # [T, Hkv, D]
+    slot_idx: torch.Tensor,  # [T] int64
+) -> None:
+    """See ``kernels.reference.attention.store_kv``."""
+    if _use_triton(k):
+        from kernels.triton.store_kv import store_kv as triton_impl
+
+        return triton_impl(k_buffer, v_buffer, k, v, slot_idx)
+    return reference.store_kv(k_buffer, v_buffer, k, v, slot_idx)
+
+
+def decode_attention(
+    q: torch.Tensor,  # [B, Hq, D]
+    k_buffer: torch.Tensor,  # [num_slots, Hkv, D]
+    v_buffer: torch.Tensor,  # [num_slots, Hkv, D]
+    page_table: torch.Tensor,  # [B, max_pages] int32
+    seq_lens: torch.Tensor,  # [B] int32
+    page_size: int,
+    scale: float,
+) -> torch.Tensor:  # [B, Hq, D]
+    """See ``kernels.reference.attention.decode_attention``."""
+    if _use_triton(q):
+        from kernels.triton.decode_attention import decode_attention as triton_impl
+
+        return triton_impl(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale)
+    return reference.decode_attention(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale)
+
+
+def extend_attention(
+    q: torch.Tensor,  # [T, Hq, D]
+    k_buffer: torch.Tensor,  # [num_slots, Hkv, D]
+    v_buffer: torch.Tensor,  # [num_slots, Hkv, D]
+    page_table: torch.Tensor,  # [B, max_pages] int32
+    prefix_lens: torch.Tensor,  # [B] int32
+    extend_lens: torch.Tensor,  # [B] int32
+    qo_indptr: torch.Tensor,  # [B+1] int32
+    page_size: int,
+    scale: float,
+) -> torch.Tensor:  # [T, Hq, D]
+    """See ``kernels.reference.attention.extend_attention``."""
+    if _use_triton(q):
+        from kernels.triton.extend_attention import extend_attention as triton_impl
+
+        impl = triton_impl
+    else:
+        impl = reference.extend_attention
+    return impl(
+        q, k_buffer, v_buffer, page_table, prefix_lens, extend_lens, qo_indptr, page_size, scale
+    )
+
+
+def rms_norm(
+    x: torch.Tensor,  # [..., hidden]
+    weight: torch.Tensor,  # [hidden]
+    eps: float,
+) -> torch.Tensor:  # [..., hidden]
+    """See ``kernels.reference.norm.rms_norm``."""
+    if _use_triton(x):
+        from kernels.triton.rms_norm import rms_norm as triton_impl
+
+        return triton_impl(x, weight, eps)
+    return reference.rms_norm(x, weight, eps)

@@ -1,0 +1,45 @@
+"""The do-nothing prefix cache: nothing is ever shared. The baseline and test oracle."""
+
+from __future__ import annotations
+
+from runtime.cache.page_pool import PagePool
+from runtime.cache.prefix_cache import EMPTY_MATCH, PrefixCache, PrefixMatch
+
+
+class NoPrefixCache(PrefixCache):
+    def __init__(self, pool: PagePool) -> None:
+        self.pool = pool
+
+    def match_prefix(self, token_ids: list[int]) -> PrefixMatch:
+        return EMPTY_MATCH
+
+    def lock(self, match: PrefixMatch) -> None:
+        pass
+
+    def unlock(self, match: PrefixMatch) -> None:
+        pass
+
+    def num_unlocked_pages(self, match: PrefixMatch) -> int:
+        return 0
+
+    def cache_finished(self, token_ids: list[int], pages: list[int], match: PrefixMatch) -> None:
+        self.pool.free(pages)
+
+    def cache_unfinished(
+        self, token_ids: list[int], pages: list[int], match: PrefixMatch
+    ) -> tuple[PrefixMatch, list[int]]:
+        return match, pages
+
+    def evict(self, num_pages: int) -> int:
+        return 0
+
+    @property
+    def num_evictable_pages(self) -> int:
+        return 0
+
+    @property
+    def num_locked_pages(self) -> int:
+        return 0
+
+    def cached_pages(self) -> list[int]:
+        return []

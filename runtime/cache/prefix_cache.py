@@ -1,0 +1,89 @@
+"""The prefix-cache interface: token-id prefixes → KV pages, shared between requests.
+
+Ownership rules (what ``check_integrity`` verifies):
+
+- every usable page is in exactly one place: the pool's free list, the cache (one node),
+  or one running request's own pages;
+- a request's page table is ``match.pages + own pages``: the matched prefix pages belong to
+  the cache and stay locked (never evicted) until the request unlocks them;
+- ``cache_finished`` takes ownership of a request's own pages: they are inserted (full
+  pages only) or freed; afterwards the request holds nothing.
+
+Locking: ``lock(node)`` increments a reference count on the node and every ancestor;
+only nodes with count 0 can be evicted, leaves first, least recently used first.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    """The cached part of a token sequence."""
+
+    num_tokens: int  # cached tokens (a multiple of the page size)
+    pages: list[int] = field(default_factory=list)  # their pages, in order
+    node: Any = None  # cache handle to lock/unlock (None: nothing cached)
+
+
+EMPTY_MATCH = PrefixMatch(0, [], None)
+
+
+class PrefixCache(ABC):
+    @abstractmethod
+    def match_prefix(self, token_ids: list[int]) -> PrefixMatch:
+        """Longest cached, page-aligned prefix of ``token_ids`` (not locked)."""
+
+    @abstractmethod
+    def lock(self, match: PrefixMatch) -> None:
+        """Protect ``match``'s pages from eviction while a request uses them."""
+
+    @abstractmethod
+    def unlock(self, match: PrefixMatch) -> None:
+        """Undo one ``lock``."""
+
+    @abstractmethod
+    def num_unlocked_pages(self, match: PrefixMatch) -> int:
+        """Pages of ``match`` that no request has locked (locking makes them unevictable)."""
+
+    @abstractmethod
+    def cache_finished(self, token_ids: list[int], pages: list[int], match: PrefixMatch) -> None:
+        """A request is done with ``pages`` (holding ``token_ids``' KV; ``match`` locked).
+
+        Inserts the full pages, frees duplicates and the partial last page, unlocks
+        ``match``. The caller owns nothing afterwards.
+        """
+
+    @abstractmethod
+    def cache_unfinished(
+        self, token_ids: list[int], pages: list[int], match: PrefixMatch
+    ) -> tuple[PrefixMatch, list[int]]:
+        """Insert a running request's computed tokens so others can share them.
+
+        Returns the new locked match (``match`` is unlocked) and the request's new page
+        table (cache pages for the inserted prefix, then its own remaining pages).
+        """
+
+    @abstractmethod
+    def evict(self, num_pages: int) -> int:
+        """Free up to ``num_pages`` unlocked pages to the pool, LRU leaves first."""
+
+    @property
+    @abstractmethod
+    def num_evictable_pages(self) -> int:
+        """Cached pages that no request has locked."""
+
+    @property
+    @abstractmethod
+    def num_locked_pages(self) -> int:
+        """Cached pages in use by at least one request."""
+
+    @abstractmethod
+    def cached_pages(self) -> list[int]:
+        """Every page the cache owns (for integrity checks)."""
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError if the cache's own bookkeeping is inconsistent."""

@@ -1,0 +1,90 @@
+"""The ``arbor`` command: ``arbor generate "prompt"`` (and ``arbor serve`` later).
+
+Every ``EngineConfig`` field is a flag (``max_model_len`` ↔ ``--max-model-len``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+import types
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+from runtime.config import EngineConfig
+
+
+def _flag_type(hint: Any) -> Any:
+    """The argparse type for a config field's annotation (``int | None`` → int)."""
+    if get_origin(hint) in (Union, types.UnionType):
+        hint = next(a for a in get_args(hint) if a is not type(None))
+    return hint if hint in (int, float, str) else str
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per ``EngineConfig`` field, defaulting to the dataclass's default."""
+    hints = get_type_hints(EngineConfig)
+    group = parser.add_argument_group("engine settings")
+    for f in dataclasses.fields(EngineConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if hints[f.name] is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+        else:
+            group.add_argument(flag, type=_flag_type(hints[f.name]), default=f.default)
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)}
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from runtime import Engine, SamplingParams
+
+    started = time.perf_counter()
+    engine = Engine(**engine_kwargs(args))
+    loaded = time.perf_counter()
+    prompt = args.prompt
+    if args.chat:
+        prompt = engine.apply_chat_template([{"role": "user", "content": prompt}])
+    params = SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature,
+                            top_p=args.top_p, seed=args.seed_sample)
+    out = engine.generate(prompt, params)[0]
+    done = time.perf_counter()
+    print(out.text)
+    print(f"[{len(out.token_ids)} tokens, finish={out.finish_reason}, load {loaded - started:.1f} s, "
+          f"generate {done - loaded:.2f} s]", file=sys.stderr)
+    engine.close()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="arbor", description="Arbor LLM-program runtime")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate text for one prompt")
+    gen.add_argument("prompt")
+    gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
+                     help="wrap the prompt in the model's chat template (default on)")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed-sample", type=int, default=None, help="sampling seed")
+    add_engine_flags(gen)
+    gen.set_defaults(func=_cmd_generate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from runtime.errors import ArborError
+
+    try:
+        result: int = args.func(args)
+        return result
+    except ArborError as exc:
+        print(f"arbor: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

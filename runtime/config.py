@@ -1,0 +1,64 @@
+"""Engine settings: one frozen dataclass, validated at construction.
+
+Field names follow the field (SGLang / vLLM) and map 1:1 to ``arbor`` CLI flags
+(``max_model_len`` ↔ ``--max-model-len``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+from runtime.errors import InvalidRequestError
+
+SchedulePolicy = Literal["lpm", "fcfs"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Every engine setting. Construct once; never mutated afterwards."""
+
+    model: str = "default"  # "default", an HF directory, or a .gguf file
+    device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda", "cuda:1"...
+    dtype: str = "auto"  # "auto" (fp32 on CPU, bf16 on CUDA), "float32", "float16", "bfloat16"
+    max_model_len: int | None = None  # tokens per request (prompt + output); None: model's
+    page_size: int = 1  # tokens per KV page
+    num_pages: int | None = None  # KV pool size; None: derived from mem_fraction
+    mem_fraction: float = 0.15  # share of free memory given to the KV pool when num_pages is None
+    max_running_requests: int = 256  # cap on requests in the running batch
+    max_prefill_tokens: int = 2048  # prefill token budget per step (chunk size for long prompts)
+    decode_reserve_tokens: int = 16  # KV tokens reserved per running request at admission
+    disable_prefix_cache: bool = False  # True: the do-nothing cache (baseline)
+    schedule_policy: SchedulePolicy = "lpm"  # "lpm" longest-prefix-match, or "fcfs"
+    kv_cache_dtype: str = "auto"  # "auto" = model dtype
+    speculation: bool = True  # draft sources for constrained spans (when available)
+    grammar_backend: str = "auto"  # constrained decoding engine ("auto" = best per kind)
+    seed: int = 0  # seed of the engine's generator for requests without their own seed
+    num_threads: int | None = None  # torch CPU threads; None: torch's default
+    debug: bool = False  # run integrity checks whenever the engine goes idle
+
+    def __post_init__(self) -> None:
+        def positive(name: str) -> None:
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise InvalidRequestError(f"{name} must be a positive integer, got {value!r}")
+
+        for name in ("max_model_len", "page_size", "num_pages", "max_running_requests",
+                     "max_prefill_tokens", "num_threads"):
+            positive(name)
+        if self.decode_reserve_tokens < 0:
+            raise InvalidRequestError("decode_reserve_tokens must be >= 0")
+        if not 0.0 < self.mem_fraction <= 0.95:
+            raise InvalidRequestError(f"mem_fraction must be in (0, 0.95], got {self.mem_fraction}")
+        if self.schedule_policy not in ("lpm", "fcfs"):
+            raise InvalidRequestError(f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}")
+        if self.num_pages is not None and self.num_pages < 2:
+            raise InvalidRequestError("num_pages must be >= 2 (page 0 is the padding page)")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise InvalidRequestError(f"unknown engine setting(s): {', '.join(unknown)}")
+        return cls(**kwargs)

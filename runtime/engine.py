@@ -1,0 +1,458 @@
+"""The engine: requests in, tokens out. One ``step()`` drives everything.
+
+Offline ``generate``, the async streaming API, the DSL backend and the HTTP server all
+submit through ``add_request`` and are served by the same ``step()``, run by one
+background thread (started on first use). Callers get ``RequestOutput`` objects through a
+per-request callback; ``generate`` waits on them, ``generate_stream`` turns them into an
+async iterator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from runtime.cache.kv_cache import KVCache
+from runtime.cache.no_prefix_cache import NoPrefixCache
+from runtime.cache.page_pool import PagePool
+from runtime.cache.prefix_cache import PrefixCache
+from runtime.cache.radix_tree import RadixTree
+from runtime.config import EngineConfig
+from runtime.detokenizer import IncrementalDetokenizer
+from runtime.engine_setup import resolve_device, resolve_dtype, size_pool
+from runtime.errors import EngineClosedError, InvalidRequestError, PromptTooLongError
+from runtime.model.loader import load_model, load_tokenizer, read_config, resolve_model_dir
+from runtime.model_runner import ModelRunner
+from runtime.outputs import FinishReason, RequestOutput
+from runtime.request import Request
+from runtime.sampler import sample
+from runtime.sampling_params import SamplingParams
+from runtime.scheduler.policy import make_policy
+from runtime.scheduler.scheduler import Scheduler
+
+log = logging.getLogger("arbor.engine")
+OutputCallback = Callable[[RequestOutput], None]
+
+
+@dataclass(eq=False)
+class _Tracked:
+    """Engine-side companions of a request: its detokenizer, callback, generator."""
+
+    request: Request
+    detok: IncrementalDetokenizer
+    callback: OutputCallback | None
+    generator: torch.Generator | None
+    logprobs: list[float]
+    top_logprobs: list[dict[int, float]]
+    emitted_tokens: int = 0
+
+
+class Engine:
+    """A Llama-family model on paged KV memory with a radix prefix cache.
+
+    Args:
+        model: "default" (the embedded SmolLM2-135M-Instruct), an HF-style directory or a
+            ``.gguf`` file.
+        **config: any ``EngineConfig`` field (``page_size=16``, ``num_pages=...``).
+    """
+
+    def __init__(self, model: str = "default", **config: Any) -> None:
+        self.config = EngineConfig.from_kwargs(model=model, **config)
+        cfg = self.config
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        self.device = resolve_device(cfg.device)
+        self.dtype = resolve_dtype(cfg.dtype, self.device)
+        self.model_dir = resolve_model_dir(cfg.model)
+        self.tokenizer = load_tokenizer(self.model_dir)
+        hf_config = read_config(self.model_dir)
+        self.hf_config = hf_config
+        self.eos_token_ids = self._eos_ids(hf_config)
+        num_pages, self.max_model_len = size_pool(cfg, hf_config, self.device, self.dtype)
+        self.model = load_model(self.model_dir, self.device, self.dtype, self.max_model_len)
+        args = self.model.args
+        self.vocab_size = args.vocab_size
+        self.pool = PagePool(num_pages, cfg.page_size)
+        self.kv = KVCache(args.num_layers, num_pages, cfg.page_size, args.num_kv_heads,
+                          args.head_dim, self.dtype, self.device)
+        self.cache: PrefixCache = NoPrefixCache(self.pool) if cfg.disable_prefix_cache else RadixTree(self.pool)
+        self.scheduler = Scheduler(self.pool, self.cache, make_policy(cfg.schedule_policy),
+                                   cfg.max_running_requests, cfg.max_prefill_tokens,
+                                   cfg.decode_reserve_tokens)
+        self.runner = ModelRunner(self.model, self.kv, self.device)
+        self._generator = torch.Generator().manual_seed(cfg.seed)
+        self._tracked: dict[str, _Tracked] = {}
+        self._inbox: list[tuple[str, Any]] = []
+        self._cv = threading.Condition()  # guards the inbox; notified on new work
+        self._step_lock = threading.Lock()  # held while a step mutates engine state
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._ids = itertools.count()
+        self.forward_passes = 0
+        self.num_finished = 0
+
+    def _eos_ids(self, hf_config: dict[str, Any]) -> list[int]:
+        ids: set[int] = set()
+        for source in (hf_config.get("eos_token_id"), self.tokenizer.eos_token_id):
+            if isinstance(source, int):
+                ids.add(source)
+            elif isinstance(source, list):
+                ids.update(int(i) for i in source)
+        return sorted(ids)
+
+    # ---- submission ---------------------------------------------------------------------------
+    def add_request(
+        self,
+        prompt: str | None = None,
+        params: SamplingParams | None = None,
+        *,
+        input_ids: list[int] | None = None,
+        request_id: str | None = None,
+        callback: OutputCallback | None = None,
+    ) -> str:
+        """Validate and queue one request; returns its id. Thread-safe.
+
+        Raises:
+            InvalidRequestError / PromptTooLongError: for input that can never be served.
+            EngineClosedError: after ``close()``.
+        """
+        if self._closed:
+            raise EngineClosedError("the engine is closed")
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError(f"sampling params must be SamplingParams, got {type(params).__name__}")
+        ids = self._prompt_ids(prompt, input_ids)
+        self._check_length(ids, params)
+        rid = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
+        request = Request(rid, ids, params, arrival=0,
+                          logprob_start_len=int(params.extra.get("logprob_start_len", 0)))
+        tracked = _Tracked(
+            request,
+            IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens),
+            callback,
+            torch.Generator().manual_seed(params.seed) if params.seed is not None else None,
+            [], [],
+        )
+        with self._cv:
+            if rid in self._tracked:
+                raise InvalidRequestError(f"duplicate request id {rid!r}")
+            self._tracked[rid] = tracked
+            self._inbox.append(("add", request))
+            self._cv.notify()
+        self._ensure_thread()
+        return rid
+
+    def _prompt_ids(self, prompt: str | None, input_ids: list[int] | None) -> list[int]:
+        if (prompt is None) == (input_ids is None):
+            raise InvalidRequestError("give exactly one of a prompt string or input_ids")
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise InvalidRequestError(f"prompt must be a string, got {type(prompt).__name__}")
+            ids: list[int] = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        else:
+            ids = list(input_ids or [])
+            if any(not isinstance(t, int) or not 0 <= t < self.vocab_size for t in ids):
+                raise InvalidRequestError(f"input_ids must be integers in [0, {self.vocab_size})")
+        if not ids:
+            raise InvalidRequestError("the prompt is empty")
+        return ids
+
+    def _check_length(self, ids: list[int], params: SamplingParams) -> None:
+        if len(ids) >= self.max_model_len:
+            raise PromptTooLongError(
+                f"prompt has {len(ids)} tokens; max_model_len is {self.max_model_len} "
+                "(the prompt must leave room for at least one generated token)"
+            )
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request; its pages are released on the engine's next step."""
+        with self._cv:
+            self._inbox.append(("abort", request_id))
+            self._cv.notify()
+
+    # ---- blocking and async fronts --------------------------------------------------------------
+    def generate(
+        self,
+        prompts: str | list[str] | None = None,
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        *,
+        input_ids: list[int] | list[list[int]] | None = None,
+    ) -> list[RequestOutput]:
+        """Run a batch of requests to completion; outputs in input order."""
+        items = self._batch_inputs(prompts, input_ids)
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(items)
+        if len(params) != len(items):
+            raise InvalidRequestError("one SamplingParams per prompt, or a single one for all")
+        done = threading.Event()
+        results: dict[str, RequestOutput] = {}
+        lock = threading.Lock()
+
+        def on_output(out: RequestOutput) -> None:
+            if out.finished:
+                with lock:
+                    results[out.request_id] = out
+                    if len(results) == len(rids):
+                        done.set()
+
+        rids: list[str] = []
+        with self._cv:  # submit all before the loop sees any, so they batch together
+            for kind, value in items:
+                p = params[len(rids)]
+                rids.append(self.add_request(**{kind: value}, params=p, callback=on_output))
+        if not rids:
+            return []
+        done.wait()
+        return [results[r] for r in rids]
+
+    @staticmethod
+    def _batch_inputs(prompts: Any, input_ids: Any) -> list[tuple[str, Any]]:
+        if prompts is not None and input_ids is not None:
+            raise InvalidRequestError("give prompts or input_ids, not both")
+        if prompts is not None:
+            items = [prompts] if isinstance(prompts, str) else list(prompts)
+            return [("prompt", p) for p in items]
+        if input_ids is None:
+            raise InvalidRequestError("give prompts or input_ids")
+        if input_ids and isinstance(input_ids[0], int):
+            return [("input_ids", list(input_ids))]
+        return [("input_ids", list(ids)) for ids in input_ids]
+
+    async def generate_stream(
+        self,
+        prompt: str | None = None,
+        sampling_params: SamplingParams | None = None,
+        *,
+        input_ids: list[int] | None = None,
+        request_id: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield a ``RequestOutput`` per step (deltas since the last); the last is final.
+
+        Leaving the iteration early (or cancelling the task) aborts the request.
+        """
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        rid = self.add_request(prompt, sampling_params, input_ids=input_ids, request_id=request_id,
+                               callback=lambda out: loop.call_soon_threadsafe(queue.put_nowait, out))
+        finished = False
+        try:
+            while not finished:
+                out = await queue.get()
+                finished = out.finished
+                yield out
+        finally:
+            if not finished:
+                self.abort(rid)
+
+    async def agenerate(
+        self,
+        prompt: str | None = None,
+        sampling_params: SamplingParams | None = None,
+        *,
+        input_ids: list[int] | None = None,
+        request_id: str | None = None,
+    ) -> RequestOutput:
+        """The final output of one request, awaited."""
+        last: RequestOutput | None = None
+        async for out in self.generate_stream(prompt, sampling_params, input_ids=input_ids,
+                                              request_id=request_id):
+            last = out
+        assert last is not None
+        return last
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """Render ``messages`` with the model's chat template."""
+        text: str = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+        return text
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def _ensure_thread(self) -> None:
+        with self._cv:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="arbor-engine", daemon=True)
+                self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._inbox and not self.scheduler.has_work and not self._closed:
+                    if self.config.debug:
+                        self.scheduler.check_integrity()
+                    self._cv.wait()
+                if self._closed:
+                    return
+            self.step()
+
+    def step(self) -> None:
+        """One engine iteration: take new work, schedule, run the model, emit outputs."""
+        with self._step_lock:
+            self._step()
+
+    def _step(self) -> None:
+        self._drain_inbox()
+        batch = self.scheduler.schedule()
+        if batch.empty:
+            return
+        try:
+            result = self.runner.forward(batch)
+        except Exception as exc:  # a bug or device error: fail this batch, keep serving
+            log.exception("forward pass failed")
+            for req in [i.request for i in batch.prefill] + batch.decode:
+                self._finish(req, "abort", error=f"internal error: {exc}")
+            return
+        self.forward_passes += 1
+        self.scheduler.commit(batch)
+        self._record_prompt_logprobs(result.prompt_logprobs)
+        self._sample_and_emit(result)
+
+    def _drain_inbox(self) -> None:
+        with self._cv:
+            inbox, self._inbox = self._inbox, []
+        for kind, value in inbox:
+            if kind == "add":
+                self.scheduler.add(value)
+            elif value in self._tracked:
+                self._finish(self._tracked[value].request, "abort")
+
+    def _record_prompt_logprobs(self, found: dict[str, list[tuple[int, float]]]) -> None:
+        for rid, pairs in found.items():
+            req = self._tracked[rid].request
+            if not req.prompt_logprobs:
+                req.prompt_logprobs = [None] * len(req.prompt_ids)
+            for pos, lp in pairs:
+                req.prompt_logprobs[pos] = lp
+
+    def _sample_and_emit(self, result: Any) -> None:
+        reqs: list[Request] = result.sample_requests
+        if not reqs:
+            return
+        tracked = [self._tracked[r.request_id] for r in reqs]
+        out = sample(result.logits, [r.params for r in reqs], [t.generator for t in tracked], self._generator)
+        for i, (req, t) in enumerate(zip(reqs, tracked, strict=True)):
+            if req.params.max_new_tokens == 0:
+                self._finish(req, "length")
+                continue
+            token = out.token_ids[i]
+            if out.logprobs is not None and req.params.logprobs:
+                t.logprobs.append(out.logprobs[i])
+            if out.top_logprobs is not None and req.params.top_logprobs:
+                top = out.top_logprobs[i]
+                t.top_logprobs.append(dict(list(top.items())[: req.params.top_logprobs]))
+            self._append_token(req, t, token)
+
+    def _append_token(self, req: Request, t: _Tracked, token: int) -> None:
+        params = req.params
+        if token in params.stop_token_ids or (token in self.eos_token_ids and not params.ignore_eos):
+            if t.logprobs and len(t.logprobs) > len(req.output_ids):
+                t.logprobs.pop()
+            if t.top_logprobs and len(t.top_logprobs) > len(req.output_ids):
+                t.top_logprobs.pop()
+            self._finish(req, "stop")
+            return
+        req.output_ids.append(token)
+        t.detok.add(req.output_ids)
+        if t.detok.stopped:
+            self._finish(req, "stop")
+        elif len(req.output_ids) >= params.max_new_tokens or req.seq_len >= self.max_model_len:
+            self._finish(req, "length")
+        else:
+            self._emit(t)
+
+    def _finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
+        if req.finish_reason is not None:
+            return
+        self.scheduler.finish(req, reason)
+        t = self._tracked.pop(req.request_id)
+        if reason != "stop" or not t.detok.stopped:
+            t.detok.finish(req.output_ids)
+        self.num_finished += 1
+        self._emit(t, error=error)
+
+    def _emit(self, t: _Tracked, error: str | None = None) -> None:
+        req = t.request
+        final = req.finish_reason is not None
+        delta = t.detok.take(final)
+        out = RequestOutput(
+            request_id=req.request_id,
+            prompt_token_ids=req.prompt_ids,
+            token_ids=list(req.output_ids),
+            text=t.detok.text[: t.detok.emitted],
+            finish_reason=req.finish_reason,
+            logprobs=list(t.logprobs) if req.params.logprobs else None,
+            top_logprobs=list(t.top_logprobs) if req.params.top_logprobs else None,
+            prompt_logprobs=(req.prompt_logprobs or [None] * len(req.prompt_ids)) if req.params.prompt_logprobs else None,
+            num_cached_tokens=req.num_cached_tokens,
+            delta_text=delta,
+            delta_token_ids=req.output_ids[t.emitted_tokens :],
+            error=error,
+        )
+        t.emitted_tokens = len(req.output_ids)
+        if t.callback is not None:
+            try:
+                t.callback(out)
+            except Exception:  # a caller's callback must never take the engine down
+                log.exception("output callback failed for %s", req.request_id)
+
+    # ---- introspection --------------------------------------------------------------------------
+    def metrics(self) -> dict[str, float]:
+        """Counters and gauges of the engine (exported by the server)."""
+        s = self.scheduler.stats
+        total = self.pool.num_usable_pages
+        used = total - self.pool.num_free_pages - self.cache.num_evictable_pages
+        return {
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "kv_pages_used": used,
+            "kv_pages_total": total,
+            "kv_pages_free": self.pool.num_free_pages,
+            "kv_pages_cached": len(self.cache.cached_pages()),
+            "cache_hit_rate": s.cache_hit_rate,
+            "prompt_tokens": s.prompt_tokens,
+            "cached_prompt_tokens": s.cached_prompt_tokens,
+            "prefill_tokens": s.prefill_tokens,
+            "decode_tokens": s.decode_tokens,
+            "num_retractions": s.num_retractions,
+            "num_aborts": s.num_aborts,
+            "num_finished": self.num_finished,
+            "forward_passes": self.forward_passes,
+            "spec_draft_tokens": 0,
+            "spec_accepted_tokens": 0,
+        }
+
+    def check_integrity(self) -> None:
+        """Page-accounting invariants; call when the engine is idle."""
+        with self._step_lock:
+            self.scheduler.check_integrity()
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Block until nothing is queued or running (for tests and benchmarks)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._cv:
+                if not self._inbox and not self.scheduler.has_work:
+                    return True
+            time.sleep(0.005)
+        return False
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,64 @@
+"""Decisions made once when an engine starts: device, dtype, KV pool size."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from runtime.cache.kv_cache import KVCache
+from runtime.config import EngineConfig
+from runtime.errors import InvalidRequestError
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidRequestError("device 'cuda' requested but CUDA is not available")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """fp32 on the CPU (bf16 matmuls are ~25x slower there), bf16 on CUDA by default."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in _DTYPES:
+        raise InvalidRequestError(f"dtype must be one of {sorted(_DTYPES)} or 'auto', got {name!r}")
+    return _DTYPES[name]
+
+
+def _free_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def size_pool(
+    cfg: EngineConfig, hf_config: dict[str, Any], device: torch.device, dtype: torch.dtype
+) -> tuple[int, int]:
+    """Returns (num_pages, max_model_len).
+
+    ``num_pages`` comes from the config or from ``mem_fraction`` of free memory;
+    ``max_model_len`` is capped by the model's positions and by the pool, so one request
+    alone always fits (retraction can then always make progress).
+    """
+    heads = int(hf_config["num_attention_heads"])
+    kv_heads = int(hf_config.get("num_key_value_heads") or heads)
+    head_dim = int(hf_config.get("head_dim") or int(hf_config["hidden_size"]) // heads)
+    per_token = KVCache.bytes_per_token(int(hf_config["num_hidden_layers"]), kv_heads, head_dim, dtype)
+    if cfg.num_pages is not None:
+        num_pages = cfg.num_pages
+    else:
+        num_pages = int(_free_memory_bytes(device) * cfg.mem_fraction) // (per_token * cfg.page_size)
+    capacity = (num_pages - 1) * cfg.page_size
+    model_len = int(hf_config.get("max_position_embeddings", 2048))
+    max_len = min(cfg.max_model_len or model_len, capacity)
+    if max_len < 2:
+        raise InvalidRequestError(f"the KV pool ({num_pages} pages) is too small for any request")
+    return num_pages, max_len

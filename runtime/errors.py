@@ -1,0 +1,23 @@
+"""Typed errors raised by the runtime. Every bad input maps to one of these."""
+
+from __future__ import annotations
+
+
+class ArborError(Exception):
+    """Base class of every error Arbor raises on purpose."""
+
+
+class InvalidRequestError(ArborError, ValueError):
+    """A request that can never be served as given (bad parameters, empty prompt...)."""
+
+
+class PromptTooLongError(InvalidRequestError):
+    """Prompt plus requested tokens exceed ``max_model_len``."""
+
+
+class ModelLoadError(ArborError):
+    """A model path that does not exist, or files that cannot be read as a model."""
+
+
+class EngineClosedError(ArborError, RuntimeError):
+    """The engine was shut down; no further requests are accepted."""

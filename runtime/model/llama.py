@@ -1,0 +1,157 @@
+"""Llama-family decoder (Llama, Llama 3, SmolLM2, TinyLlama, Qwen2) over paged KV memory.
+
+All tokens of a step are one flat ragged batch ``[T, hidden]``: prefill ("extend") tokens
+of every request first, then one decode token per decoding request. Nothing is padded to
+the longest request; only attention looks at per-request structure, through
+``AttentionMetadata``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runtime.model.attention import AttentionMetadata, paged_attention
+from runtime.model.rope import RotaryEmbedding
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """The architecture numbers read from ``config.json``."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope: dict[str, Any]
+    qkv_bias: bool  # Qwen2: q/k/v projections carry a bias
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict[str, Any]) -> ModelArgs:
+        arch = cfg.get("model_type", "llama")
+        if arch not in ("llama", "qwen2", "mistral"):
+            raise ValueError(f"unsupported model_type {arch!r} (supported: llama, qwen2, mistral)")
+        heads = int(cfg["num_attention_heads"])
+        rope = dict(cfg.get("rope_parameters") or {})
+        if not rope:  # transformers 4.x layout
+            rope = dict(cfg.get("rope_scaling") or {})
+            rope["rope_theta"] = cfg.get("rope_theta", 10000.0)
+        rope.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
+        return cls(
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=int(cfg["hidden_size"]),
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            rope=rope,
+            qkv_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.split = (q_size, kv_size, kv_size)
+        # NOTE: q, k and v projections are fused into one matmul (weights concatenated at load).
+        self.qkv_proj = nn.Linear(args.hidden_size, q_size + 2 * kv_size, bias=args.qkv_bias)
+        self.o_proj = nn.Linear(q_size, args.hidden_size, bias=False)
+        self.scale = self.head_dim**-0.5
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k = rope(positions, q, k)
+        out = paged_attention(q, k, v, self.layer_idx, self.scale, meta)  # [T, Hq, D]
+        return self.o_proj(out.reshape(num_tokens, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.inter = args.intermediate_size
+        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * self.inter, bias=False)  # fused
+        self.down_proj = nn.Linear(self.inter, args.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs, layer_idx: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.self_attn = Attention(args, layer_idx)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.mlp = MLP(args)
+
+    def forward(
+        self, h: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), positions, rope, meta)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaForCausalLM(nn.Module):
+    """The decoder stack plus LM head; ``forward`` returns logits only where asked."""
+
+    def __init__(self, args: ModelArgs, max_positions: int) -> None:
+        super().__init__()
+        self.args = args
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(args, i) for i in range(args.num_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.rope = RotaryEmbedding(args.head_dim, max_positions, args.rope)
+        self.lm_head = None if args.tie_word_embeddings else nn.Linear(
+            args.hidden_size, args.vocab_size, bias=False
+        )
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] int64
+        positions: torch.Tensor,  # [T] int64
+        meta: AttentionMetadata,
+        logits_idx: torch.Tensor,  # [N] int64, rows of T that need logits
+    ) -> torch.Tensor:  # [N, vocab] float32
+        h = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            h = layer(h, positions, self.rope, meta)
+        h = self.norm(h.index_select(0, logits_idx))
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(h, weight).float()

@@ -1,0 +1,123 @@
+"""Find and load a model: what to do is decided by the files, not by flags.
+
+- ``"default"`` (or None): the embedded SmolLM2-135M-Instruct, converted once.
+- a directory with ``config.json`` + ``*.safetensors``: an HF-style model.
+- a ``.gguf`` file: converted once into an HF-style directory under the cache, keyed by
+  the file's path, size and modification time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from runtime import env
+from runtime.errors import ModelLoadError
+from runtime.model.default_model import default_model_dir, is_default
+from runtime.model.llama import LlamaForCausalLM, ModelArgs
+
+
+def resolve_model_dir(model: str | None) -> Path:
+    """The HF-style directory for ``model`` (converting a GGUF file on first use)."""
+    if is_default(model):
+        return default_model_dir()
+    assert model is not None
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"model path does not exist: {model}")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ModelLoadError(f"{model} is a file but not a .gguf file")
+        return _converted_gguf_dir(path)
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{model} has no config.json: not an HF-style model directory")
+    if not list(path.glob("*.safetensors")):
+        raise ModelLoadError(f"{model} has no *.safetensors weights")
+    return path
+
+
+def _converted_gguf_dir(gguf: Path) -> Path:
+    from runtime.model.convert import convert_gguf_to_hf_dir
+
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
+    out = env.cache_dir() / "models" / f"{gguf.stem}-{key[:12]}"
+    if (out / "config.json").exists():
+        return out
+    return convert_gguf_to_hf_dir(gguf, out)
+
+
+def read_config(model_dir: Path) -> dict[str, Any]:
+    try:
+        cfg: dict[str, Any] = json.loads((model_dir / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"cannot read {model_dir / 'config.json'}: {exc}") from exc
+    return cfg
+
+
+def load_model(
+    model_dir: Path, device: torch.device, dtype: torch.dtype, max_positions: int
+) -> LlamaForCausalLM:
+    """Build the model from ``config.json`` and load its safetensors weights."""
+    try:
+        args = ModelArgs.from_hf_config(read_config(model_dir))
+    except (KeyError, ValueError) as exc:
+        raise ModelLoadError(f"unsupported model config in {model_dir}: {exc}") from exc
+    with torch.device("meta"):
+        model = LlamaForCausalLM(args, max_positions)
+    state = _fused_state_dict(_read_safetensors(model_dir), args)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.rope = type(model.rope)(args.head_dim, max_positions, args.rope)  # real buffers
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def _read_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(model_dir.glob("*.safetensors")):
+        try:
+            tensors.update(load_file(str(file)))
+        except Exception as exc:  # safetensors raises its own error types
+            raise ModelLoadError(f"cannot read weights {file}: {exc}") from exc
+    return tensors
+
+
+def _fused_state_dict(hf: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:
+    """Map HF parameter names onto ours, concatenating q/k/v and gate/up."""
+
+    def take(name: str) -> torch.Tensor:
+        if name not in hf:
+            raise ModelLoadError(f"weight {name!r} missing from the checkpoint")
+        return hf[name].float()
+
+    out = {"embed_tokens.weight": take("model.embed_tokens.weight"), "norm.weight": take("model.norm.weight")}
+    if not args.tie_word_embeddings:
+        out["lm_head.weight"] = take("lm_head.weight")
+    for i in range(args.num_layers):
+        src, dst = f"model.layers.{i}.", f"layers.{i}."
+        attn = src + "self_attn."
+        out[dst + "self_attn.qkv_proj.weight"] = torch.cat([take(attn + f"{p}_proj.weight") for p in "qkv"])
+        if args.qkv_bias:
+            out[dst + "self_attn.qkv_proj.bias"] = torch.cat([take(attn + f"{p}_proj.bias") for p in "qkv"])
+        out[dst + "self_attn.o_proj.weight"] = take(attn + "o_proj.weight")
+        mlp = src + "mlp."
+        out[dst + "mlp.gate_up_proj.weight"] = torch.cat([take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")])
+        out[dst + "mlp.down_proj.weight"] = take(mlp + "down_proj.weight")
+        out[dst + "input_layernorm.weight"] = take(src + "input_layernorm.weight")
+        out[dst + "post_attention_layernorm.weight"] = take(src + "post_attention_layernorm.weight")
+    return out
+
+
+def load_tokenizer(model_dir: Path) -> Any:
+    """The model's HF tokenizer (fast), with its chat template."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir))
+    except Exception as exc:  # transformers raises many types
+        raise ModelLoadError(f"cannot load the tokenizer in {model_dir}: {exc}") from exc

@@ -1,0 +1,63 @@
+"""Rotary position embeddings (HF "rotate half" layout), with Llama 3 frequency scaling."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+
+def rope_inv_freq(head_dim: int, rope: dict[str, Any]) -> torch.Tensor:  # [head_dim // 2]
+    """Inverse frequencies for ``rope`` settings (``rope_theta``, ``rope_type`` ...)."""
+    theta = float(rope.get("rope_theta", 10000.0))
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "llama3":
+        inv_freq = _llama3_scale(inv_freq, rope)
+    elif kind == "linear":
+        inv_freq = inv_freq / float(rope["factor"])
+    elif kind not in ("default", None):
+        raise ValueError(f"unsupported rope_type {kind!r}")
+    return inv_freq.float()
+
+
+def _llama3_scale(inv_freq: torch.Tensor, rope: dict[str, Any]) -> torch.Tensor:
+    factor = float(rope["factor"])
+    low = float(rope.get("low_freq_factor", 1.0))
+    high = float(rope.get("high_freq_factor", 4.0))
+    old_len = float(rope.get("original_max_position_embeddings", 8192))
+    wavelen = 2 * math.pi / inv_freq
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    smooth = (old_len / wavelen - low) / (high - low)
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    mid = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
+    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    return torch.where(mid, blended, scaled)
+
+
+class RotaryEmbedding(torch.nn.Module):
+    """cos/sin table for positions ``0 .. max_positions-1``, applied by position index."""
+
+    def __init__(self, head_dim: int, max_positions: int, rope: dict[str, Any]) -> None:
+        super().__init__()
+        inv_freq = rope_inv_freq(head_dim, rope)
+        t = torch.arange(max_positions, dtype=torch.float32)
+        freqs = torch.outer(t, inv_freq)  # [P, D/2]
+        self.register_buffer("cos", freqs.cos(), persistent=False)
+        self.register_buffer("sin", freqs.sin(), persistent=False)
+
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate ``q`` [T, Hq, D] and ``k`` [T, Hkv, D] by their token positions [T]."""
+        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D/2]
+        sin = self.sin[positions].unsqueeze(1)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return out.to(x.dtype)

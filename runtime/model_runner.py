@@ -1,0 +1,143 @@
+"""Turns a ``ScheduledBatch`` into tensors, runs the model, returns the logits we need."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from runtime.cache.kv_cache import KVCache
+from runtime.model.attention import AttentionMetadata
+from runtime.model.llama import LlamaForCausalLM
+from runtime.request import Request
+from runtime.scheduler.batch import PrefillItem, ScheduledBatch
+
+
+@dataclass(frozen=True)
+class ForwardOutput:
+    """Logits of one forward pass, only where someone looks at them."""
+
+    sample_requests: list[Request]  # requests that sample a token this step, in row order
+    logits: torch.Tensor  # [len(sample_requests), vocab] float32 on the CPU
+    # request_id -> [(prompt position, logprob of the prompt token there)]
+    prompt_logprobs: dict[str, list[tuple[int, float]]]
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, kv: KVCache, device: torch.device) -> None:
+        self.model, self.kv, self.device = model, kv, device
+        self.page_size = kv.page_size
+
+    def forward(self, batch: ScheduledBatch) -> ForwardOutput:
+        input_ids, positions, slots = self._token_tensors(batch)
+        meta = self._metadata(batch, slots)
+        sample_rows, sample_reqs, lp_rows, lp_targets = self._logit_rows(batch)
+        rows = torch.tensor(sample_rows + [r for r, _, _ in lp_rows], dtype=torch.long)
+        logits = self.model(input_ids, positions, meta, rows.to(self.device)).cpu()
+        sample_logits = logits[: len(sample_rows)]
+        prompt_lp = self._prompt_logprobs(logits[len(sample_rows) :], lp_rows, lp_targets)
+        return ForwardOutput(sample_reqs, sample_logits, prompt_lp)
+
+    # ---- tensors ----------------------------------------------------------------------------
+    def _token_tensors(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[torch.Tensor] = []
+        for item in batch.prefill:
+            r, end = item.request, item.start + item.num_tokens
+            ids.extend(r.all_ids[item.start : end])
+            pos.extend(range(item.start, end))
+            slots.append(self._slots(r.pages, torch.arange(item.start, end)))
+        for r in batch.decode:
+            ids.append(r.output_ids[-1])
+            pos.append(r.num_computed)
+        if batch.decode:
+            last = torch.tensor([r.num_computed for r in batch.decode])
+            table = self._page_table([r.pages for r in batch.decode])
+            page = table.gather(1, (last // self.page_size)[:, None]).flatten().long()
+            slots.append(page * self.page_size + last % self.page_size)
+        as_long = dict(dtype=torch.long, device=self.device)
+        return (torch.tensor(ids, **as_long), torch.tensor(pos, **as_long),  # type: ignore[arg-type]
+                torch.cat(slots).to(self.device))
+
+    def _slots(self, pages: list[int], positions: torch.Tensor) -> torch.Tensor:
+        table = torch.tensor(pages, dtype=torch.long)
+        return table[positions // self.page_size] * self.page_size + positions % self.page_size
+
+    @staticmethod
+    def _page_table(page_lists: list[list[int]]) -> torch.Tensor:  # [B, max_pages] int32
+        width = max((len(p) for p in page_lists), default=0) or 1
+        return torch.tensor([p + [0] * (width - len(p)) for p in page_lists], dtype=torch.int32)
+
+    def _metadata(self, batch: ScheduledBatch, slots: torch.Tensor) -> AttentionMetadata:
+        def i32(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int32, device=self.device)
+
+        ext_lens = [i.num_tokens for i in batch.prefill]
+        indptr = [0]
+        for n in ext_lens:
+            indptr.append(indptr[-1] + n)
+        return AttentionMetadata(
+            kv=self.kv,
+            out_slots=slots,
+            num_extend_tokens=indptr[-1],
+            extend_page_table=self._page_table([i.request.pages for i in batch.prefill]).to(self.device),
+            extend_prefix_lens=i32([i.start for i in batch.prefill]),
+            extend_lens=i32(ext_lens),
+            extend_qo_indptr=i32(indptr),
+            decode_page_table=self._page_table([r.pages for r in batch.decode]).to(self.device),
+            decode_seq_lens=i32([r.num_computed + 1 for r in batch.decode]),
+        )
+
+    # ---- which logits -----------------------------------------------------------------------
+    def _logit_rows(
+        self, batch: ScheduledBatch
+    ) -> tuple[list[int], list[Request], list[tuple[int, str, int]], list[int]]:
+        """Rows of the flat token batch whose logits are needed.
+
+        Returns sample rows (+ their requests) and prompt-logprob rows as
+        (row, request_id, prompt position predicted) with the target token ids.
+        """
+        sample_rows: list[int] = []
+        sample_reqs: list[Request] = []
+        lp_rows: list[tuple[int, str, int]] = []
+        lp_targets: list[int] = []
+        offset = 0
+        for item in batch.prefill:
+            r = item.request
+            if item.completes:
+                sample_rows.append(offset + item.num_tokens - 1)
+                sample_reqs.append(r)
+            if r.params.prompt_logprobs:
+                self._prompt_rows(item, offset, lp_rows, lp_targets)
+            offset += item.num_tokens
+        for r in batch.decode:
+            sample_rows.append(offset)
+            sample_reqs.append(r)
+            offset += 1
+        return sample_rows, sample_reqs, lp_rows, lp_targets
+
+    @staticmethod
+    def _prompt_rows(
+        item: PrefillItem, offset: int, rows: list[tuple[int, str, int]], targets: list[int]
+    ) -> None:
+        r = item.request
+        first = max(r.logprob_start_len, 1)
+        for j in range(item.start, item.start + item.num_tokens):
+            target = j + 1  # the logits at position j predict the token at j + 1
+            if first <= target < len(r.prompt_ids):
+                rows.append((offset + j - item.start, r.request_id, target))
+                targets.append(r.prompt_ids[target])
+
+    @staticmethod
+    def _prompt_logprobs(
+        logits: torch.Tensor, rows: list[tuple[int, str, int]], targets: list[int]
+    ) -> dict[str, list[tuple[int, float]]]:
+        out: dict[str, list[tuple[int, float]]] = {}
+        if not rows:
+            return out
+        logp = torch.log_softmax(logits, dim=-1)
+        picked = logp[torch.arange(len(rows)), torch.tensor(targets)].tolist()
+        for (_, rid, pos), lp in zip(rows, picked, strict=True):
+            out.setdefault(rid, []).append((pos, lp))
+        return out

@@ -1,0 +1,74 @@
+"""A request as the engine tracks it, from arrival to finish."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.cache.prefix_cache import EMPTY_MATCH, PrefixMatch
+from runtime.outputs import FinishReason
+from runtime.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # queued (new, or retracted and re-queued)
+    RUNNING = "running"  # holds pages; prefilling (maybe in chunks) or decoding
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation request.
+
+    Token bookkeeping (``all_ids = prompt_ids + output_ids``)::
+
+        all_ids:  [ cached prefix | computed by us | not yet computed ]
+                  0         prefix.num_tokens    num_computed     len(all_ids)
+
+    While decoding, ``num_computed == len(all_ids) - 1``: the newest sampled token's KV is
+    written by the next step.
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    arrival: int  # admission-order tiebreak, set by the scheduler (monotonic)
+    output_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    prefix: PrefixMatch = EMPTY_MATCH  # locked cache prefix while RUNNING
+    pages: list[int] = field(default_factory=list)  # page table: prefix pages + own pages
+    num_computed: int = 0  # tokens whose KV is in the pool
+    finish_reason: FinishReason | None = None
+    num_cached_tokens: int = 0  # prompt tokens served by the cache at first admission
+    num_retractions: int = 0
+    logprob_start_len: int = 0  # first prompt position whose logprob is wanted
+    prompt_logprobs: list[float | None] = field(default_factory=list)
+    grammar: Any = None  # runtime.constrained matcher, when constrained
+    admitted_once: bool = False
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def own_pages(self) -> list[int]:
+        return self.pages[len(self.prefix.pages) :]
+
+    @property
+    def num_remaining(self) -> int:
+        """Known tokens whose KV is not computed yet."""
+        return self.seq_len - self.num_computed
+
+    @property
+    def is_decoding(self) -> bool:
+        """Running with only the newest sampled token left to compute."""
+        return bool(self.output_ids) and self.num_remaining == 1
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        return self.params.prompt_logprobs

@@ -1,0 +1,245 @@
+"""Continuous batching over the page pool and the prefix cache.
+
+The algorithm, once per step (``schedule``):
+
+1. Decode room. Every decoding request needs one more KV slot. If free + evictable pages
+   cannot cover that, retract the most recently admitted running requests until they
+   can: a retracted request's KV goes to the prefix cache, it keeps its output and is
+   re-queued first in line, so it resumes from the cache (or recomputes) later.
+2. Prefill. Continue requests whose prompt is part-way prefilled (chunked prefill), then
+   admit waiting requests in policy order while the prefill token budget, the running
+   cap and the pool (free + evictable, minus decode reservations) allow. A prompt longer
+   than the remaining budget is cut into chunks; running requests keep decoding in the
+   same step (mixed batch). A waiting request that shares an uncached prefix with one
+   admitted this step waits a step, so the prefix is computed once and then shared.
+3. Pages. Allocate the pages for everything scheduled (evicting LRU cache leaves as
+   needed) and return the ``ScheduledBatch``.
+
+After the forward pass, ``commit`` records what was computed and shares finished
+prefills through the cache; ``finish`` and ``abort`` release a request's pages.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from runtime.cache.page_pool import PagePool
+from runtime.cache.prefix_cache import EMPTY_MATCH, PrefixCache, PrefixMatch
+from runtime.outputs import FinishReason
+from runtime.request import Request, RequestStatus
+from runtime.scheduler.batch import PrefillItem, ScheduledBatch
+from runtime.scheduler.policy import SchedulePolicy
+from runtime.scheduler.stats import SchedulerStats
+
+# A waiting request sharing at least this many uncached tokens with one admitted in the
+# same step is deferred one step (in-batch prefix dedup).
+DEDUP_MIN_TOKENS = 32
+
+
+@dataclass
+class _StepBudget:
+    """What is left to hand out while one step is being planned."""
+
+    tokens: int  # prefill tokens
+    pages: int  # free + evictable pages not yet promised to anything this step
+
+
+class Scheduler:
+    def __init__(
+        self,
+        pool: PagePool,
+        cache: PrefixCache,
+        policy: SchedulePolicy,
+        max_running_requests: int,
+        max_prefill_tokens: int,
+        decode_reserve_tokens: int,
+    ) -> None:
+        self.pool, self.cache, self.policy = pool, cache, policy
+        self.max_running = max_running_requests
+        self.max_prefill_tokens = max_prefill_tokens
+        self.decode_reserve_tokens = decode_reserve_tokens
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.stats = SchedulerStats()
+        self._arrival = itertools.count()
+        self._admission = itertools.count()
+        self._admitted_at: dict[int, int] = {}  # id(request) -> admission order
+
+    # ---- queue --------------------------------------------------------------------------
+    def add(self, request: Request) -> None:
+        request.arrival = next(self._arrival)
+        self.waiting.append(request)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- one step -----------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        retracted = self._make_decode_room()
+        decode = [r for r in self.running if r.is_decoding]
+        decode_pages = sum(self._pages_to_grow(r, 1) for r in decode)
+        budget = _StepBudget(self.max_prefill_tokens, self._available_pages() - decode_pages)
+        prefill = self._continue_prefills(budget) + self._admit(budget)
+        self._allocate(prefill, decode)
+        return ScheduledBatch(prefill=prefill, decode=decode, retracted=retracted)
+
+    def _available_pages(self) -> int:
+        return self.pool.num_free_pages + self.cache.num_evictable_pages
+
+    def _pages_to_grow(self, request: Request, num_tokens: int) -> int:
+        """New pages ``request`` needs to hold ``num_tokens`` more tokens."""
+        return max(0, self.pool.pages_for_tokens(request.num_computed + num_tokens) - len(request.pages))
+
+    def _make_decode_room(self) -> list[Request]:
+        retracted: list[Request] = []
+        while True:
+            need = sum(self._pages_to_grow(r, 1) for r in self.running if r.is_decoding)
+            if need <= self._available_pages() or len(self.running) <= 1:
+                return retracted
+            victim = max(self.running, key=lambda r: self._admitted_at[id(r)])
+            self._retract(victim)
+            retracted.append(victim)
+
+    def _retract(self, request: Request) -> None:
+        self._release(request)
+        request.status = RequestStatus.WAITING
+        request.num_retractions += 1
+        self.stats.num_retractions += 1
+        self.running.remove(request)
+        self.waiting.insert(0, request)
+
+    def _reserved_pages(self) -> int:
+        """Pages held back for the decode growth of running requests."""
+        return sum(self._reserve_for(r) for r in self.running)
+
+    def _reserve_for(self, request: Request) -> int:
+        left = request.params.max_new_tokens - len(request.output_ids)
+        return self.pool.pages_for_tokens(max(0, min(self.decode_reserve_tokens, left)))
+
+    def _continue_prefills(self, budget: _StepBudget) -> list[PrefillItem]:
+        items = []
+        for r in sorted(self.running, key=lambda r: self._admitted_at[id(r)]):
+            if r.is_decoding or budget.tokens <= 0:
+                continue
+            n = min(r.num_remaining, budget.tokens)
+            need = self._pages_to_grow(r, n)
+            if need > budget.pages:
+                break
+            items.append(PrefillItem(r, r.num_computed, n))
+            budget.tokens -= n
+            budget.pages -= need
+        return items
+
+    def _admit(self, budget: _StepBudget) -> list[PrefillItem]:
+        items: list[PrefillItem] = []
+        admitted_ids: list[list[int]] = []
+        for r in self.policy.order(self.waiting, self.cache):
+            if budget.tokens <= 0 or len(self.running) >= self.max_running:
+                break
+            match = self.cache.match_prefix(r.all_ids[: self._match_limit(r)])
+            if self._shares_uncached_prefix(r, match.num_tokens, admitted_ids):
+                continue
+            n = min(r.seq_len - match.num_tokens, budget.tokens)
+            need = self.pool.pages_for_tokens(match.num_tokens + n) - len(match.pages)
+            # Locking the match takes its unlocked pages out of the evictable count.
+            taken = need + self.cache.num_unlocked_pages(match)
+            if taken + self._reserve_for(r) + self._reserved_pages() > budget.pages:
+                break  # the pool is full for now; later requests would starve this one
+            self._start(r, match)
+            items.append(PrefillItem(r, r.num_computed, n))
+            admitted_ids.append(r.all_ids)
+            budget.tokens -= n
+            budget.pages -= taken
+        return items
+
+    def _match_limit(self, r: Request) -> int:
+        """Tokens the cache may serve: at least one must be computed to get logits, and
+        prompt positions whose logprobs are wanted must be computed too."""
+        limit = r.seq_len - 1
+        if r.params.prompt_logprobs and not r.admitted_once:
+            limit = min(limit, max(r.logprob_start_len, 1) - 1)
+        return limit
+
+    def _shares_uncached_prefix(self, r: Request, cached: int, admitted: list[list[int]]) -> bool:
+        ids = r.all_ids
+        for other in admitted:
+            n = cached
+            limit = min(len(ids), len(other)) - 1
+            while n < limit and ids[n] == other[n]:
+                n += 1
+            if n - cached >= max(DEDUP_MIN_TOKENS, self.pool.page_size):
+                return True
+        return False
+
+    def _start(self, r: Request, match: PrefixMatch) -> None:
+        self.cache.lock(match)
+        r.prefix, r.pages, r.num_computed = match, list(match.pages), match.num_tokens
+        if not r.admitted_once:
+            r.num_cached_tokens = match.num_tokens
+            self.stats.prompt_tokens += len(r.prompt_ids)
+            self.stats.cached_prompt_tokens += match.num_tokens
+            r.admitted_once = True
+        r.status = RequestStatus.RUNNING
+        self.waiting.remove(r)
+        self.running.append(r)
+        self._admitted_at[id(r)] = next(self._admission)
+
+    def _allocate(self, prefill: list[PrefillItem], decode: list[Request]) -> None:
+        wants = [(i.request, i.num_tokens) for i in prefill] + [(r, 1) for r in decode]
+        total = sum(self._pages_to_grow(r, n) for r, n in wants)
+        if total > self.pool.num_free_pages:
+            self.cache.evict(total - self.pool.num_free_pages)
+        for r, n in wants:
+            r.pages.extend(self.pool.allocate(self._pages_to_grow(r, n)))
+
+    # ---- after the forward pass ------------------------------------------------------------
+    def commit(self, batch: ScheduledBatch) -> None:
+        """Record the KV computed by ``batch``; share completed prefills via the cache."""
+        for item in batch.prefill:
+            r = item.request
+            r.num_computed += item.num_tokens
+            self.stats.prefill_tokens += item.num_tokens
+            computed = r.all_ids[: r.num_computed]
+            r.prefix, r.pages = self.cache.cache_unfinished(computed, r.pages, r.prefix)
+        for r in batch.decode:
+            r.num_computed += 1
+        self.stats.decode_tokens += len(batch.decode)
+
+    def finish(self, request: Request, reason: FinishReason) -> None:
+        """Finish a running or waiting request and release its pages."""
+        if request.status == RequestStatus.RUNNING:
+            self._release(request)
+            self.running.remove(request)
+        elif request.status == RequestStatus.WAITING:
+            self.waiting.remove(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        self._admitted_at.pop(id(request), None)
+        if reason == "abort":
+            self.stats.num_aborts += 1
+
+    def _release(self, request: Request) -> None:
+        self.cache.cache_finished(request.all_ids[: request.num_computed], request.pages, request.prefix)
+        request.pages, request.prefix, request.num_computed = [], EMPTY_MATCH, 0
+
+    # ---- invariants ------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """free + cached + requests' own pages = all usable pages, each page in one place."""
+        self.cache.check_integrity()
+        owners: dict[int, str] = {}
+        places = [("free", self.pool.free_pages()), ("cache", self.cache.cached_pages())]
+        places += [(f"request {r.request_id}", r.own_pages) for r in self.running]
+        for name, pages in places:
+            for page in pages:
+                assert page not in owners, f"page {page} held by {owners[page]} and {name}"
+                owners[page] = name
+        assert len(owners) == self.pool.num_usable_pages, (
+            f"{self.pool.num_usable_pages - len(owners)} pages leaked"
+        )
+        used = self.pool.num_usable_pages - self.pool.num_free_pages - self.cache.num_evictable_pages
+        own = sum(len(r.own_pages) for r in self.running)
+        assert used == own + self.cache.num_locked_pages, "in-use pages miscounted"
+        for r in self.waiting:
+            assert not r.pages and r.prefix is EMPTY_MATCH, f"waiting request {r.request_id} holds pages"
