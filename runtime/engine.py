@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from runtime import env
 from runtime.cache.kv_cache import KVCache
 from runtime.cache.no_prefix_cache import NoPrefixCache
 from runtime.cache.page_pool import PagePool
@@ -96,6 +97,7 @@ class Engine:
         self._step_lock = threading.Lock()  # held while a step mutates engine state
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._debug = cfg.debug or env.debug_enabled()  # integrity checks each step and when idle
         self._ids = itertools.count()
         self.forward_passes = 0
         self.num_finished = 0
@@ -240,8 +242,12 @@ class Engine:
         """
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        def deliver(out: RequestOutput) -> None:
+            if not loop.is_closed():  # the caller may be gone (its loop closed)
+                loop.call_soon_threadsafe(queue.put_nowait, out)
+
         rid = self.add_request(prompt, sampling_params, input_ids=input_ids, request_id=request_id,
-                               callback=lambda out: loop.call_soon_threadsafe(queue.put_nowait, out))
+                               callback=deliver)
         finished = False
         try:
             while not finished:
@@ -286,12 +292,22 @@ class Engine:
         while True:
             with self._cv:
                 while not self._inbox and not self.scheduler.has_work and not self._closed:
-                    if self.config.debug:
-                        self.scheduler.check_integrity()
+                    if self._debug:
+                        with self._step_lock:
+                            self.scheduler.check_integrity()
                     self._cv.wait()
                 if self._closed:
                     return
-            self.step()
+            try:
+                self.step()
+            except Exception:  # a bug must not kill the loop and strand every caller
+                log.exception("engine step failed; failing the requests in flight")
+                self._fail_all("internal error in the engine step")
+
+    def _fail_all(self, message: str) -> None:
+        with self._step_lock:
+            for req in list(self.scheduler.running) + list(self.scheduler.waiting):
+                self._finish(req, "abort", error=message)
 
     def step(self) -> None:
         """One engine iteration: take new work, schedule, run the model, emit outputs."""
@@ -312,6 +328,8 @@ class Engine:
             return
         self.forward_passes += 1
         self.scheduler.commit(batch)
+        if self._debug:
+            self.scheduler.check_integrity()
         self._record_prompt_logprobs(result.prompt_logprobs)
         self._sample_and_emit(result)
 

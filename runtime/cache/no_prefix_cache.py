@@ -43,3 +43,6 @@ class NoPrefixCache(PrefixCache):
 
     def cached_pages(self) -> list[int]:
         return []
+
+    def check_integrity(self) -> None:
+        pass  # holds nothing, so nothing can be inconsistent

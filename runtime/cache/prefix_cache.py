@@ -85,5 +85,6 @@ class PrefixCache(ABC):
     def cached_pages(self) -> list[int]:
         """Every page the cache owns (for integrity checks)."""
 
+    @abstractmethod
     def check_integrity(self) -> None:
         """Raise AssertionError if the cache's own bookkeeping is inconsistent."""

@@ -203,6 +203,8 @@ class RadixTree(PrefixCache):
                 evictable += len(node.pages)
             else:
                 locked += len(node.pages)
-        assert (evictable, locked) == (self._evictable, self._locked), "page counters drifted"
+        assert (evictable, locked) == (self._evictable, self._locked), (
+            f"page counters drifted: walked {(evictable, locked)}, kept {(self._evictable, self._locked)}"
+        )
         pages = self.cached_pages()
         assert len(pages) == len(set(pages)), "a page is cached twice"

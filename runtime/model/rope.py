@@ -44,6 +44,8 @@ class RotaryEmbedding(torch.nn.Module):
         inv_freq = rope_inv_freq(head_dim, rope)
         t = torch.arange(max_positions, dtype=torch.float32)
         freqs = torch.outer(t, inv_freq)  # [P, D/2]
+        self.cos: torch.Tensor
+        self.sin: torch.Tensor
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
 

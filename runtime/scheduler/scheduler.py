@@ -145,7 +145,10 @@ class Scheduler:
             need = self.pool.pages_for_tokens(match.num_tokens + n) - len(match.pages)
             # Locking the match takes its unlocked pages out of the evictable count.
             taken = need + self.cache.num_unlocked_pages(match)
-            if taken + self._reserve_for(r) + self._reserved_pages() > budget.pages:
+            # NOTE: a request admitted alone skips the decode reserve: it always fits
+            # (max_model_len <= pool capacity), and the reserve must not block it forever.
+            reserve = self._reserve_for(r) + self._reserved_pages() if self.running else 0
+            if taken + reserve > budget.pages:
                 break  # the pool is full for now; later requests would starve this one
             self._start(r, match)
             items.append(PrefillItem(r, r.num_computed, n))
