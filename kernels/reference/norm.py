@@ -1,0 +1,20 @@
+"""RMSNorm in plain torch: the specification and the CPU path."""
+
+from __future__ import annotations
+
+import torch
+
+
+def rms_norm(
+    x: torch.Tensor,  # [..., hidden]
+    weight: torch.Tensor,  # [hidden]
+    eps: float,
+) -> torch.Tensor:  # [..., hidden]
+    """``weight * (x / sqrt(mean(x**2) + eps))`` over the last dim (Llama's RMSNorm).
+
+    The normalization runs in fp32 and is rounded to ``x``'s dtype before the weight is
+    applied, as in HF transformers; the result has the promoted dtype of ``x`` and ``weight``.
+    """
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)

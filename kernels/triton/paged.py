@@ -1,0 +1,72 @@
+"""Device helpers shared by the paged attention kernels (inlined into them; never launched).
+
+Index arithmetic, for one request with page-table row ``row``::
+
+    position p  ->  page = row[p // PAGE_SIZE]  ->  slot = page * PAGE_SIZE + p % PAGE_SIZE
+    K of p, head h  =  k_buffer[slot, h, :]
+
+Each helper call costs the CPU interpreter a lot (it re-patches ``triton.language``), so
+the per-tile work is two calls: ``load_paged_kv`` and ``softmax_step``.
+
+Dots: with ``DOT_FP32`` (fp32 or mixed-dtype inputs) q/K/V are upcast once after loading and
+every ``tl.dot`` runs with ``input_precision="ieee"`` (exact fp32, not TF32); otherwise the
+16-bit operands go to the tensor cores and accumulate in fp32.
+
+Slots are widened to int64 before they are multiplied by a stride: a pool of 2M slots x 8
+heads x 128 dims already overflows int32 element offsets.
+
+Jitted functions take untyped arguments (pointers, blocks, ``tl.constexpr``): Triton's
+types, not Python's, so they carry no Python type hints.
+
+Online softmax runs in the log2 domain: scores are pre-multiplied by ``scale * log2(e)`` so
+``exp2`` replaces ``exp``; a row's log-sum-exp is kept as ``m + log2(l)``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def load_paged_kv(
+    k_ptr, v_ptr, stride_ks, stride_vs, k_head, v_head,  # pool pointers, slot strides, head offsets
+    page_row_ptr, pos, mask_n, offs_d, mask_d,
+    PAGE_SIZE: tl.constexpr, DOT_FP32: tl.constexpr,
+):  # fmt: skip
+    """K and V tiles ([BLOCK_N, BLOCK_D]) of positions ``pos`` of one request.
+
+    Masked positions read page 0 and then nothing: their entries are 0. With ``DOT_FP32``
+    the tiles are upcast to fp32 here, once, for the exact-fp32 dots.
+    """
+    page = tl.load(page_row_ptr + pos // PAGE_SIZE, mask=mask_n, other=0)
+    slots = page.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE  # [BLOCK_N]
+    mask = mask_n[:, None] & mask_d[None, :]
+    k = tl.load(k_ptr + slots[:, None] * stride_ks + k_head + offs_d[None, :], mask=mask, other=0.0)
+    v = tl.load(v_ptr + slots[:, None] * stride_vs + v_head + offs_d[None, :], mask=mask, other=0.0)
+    if DOT_FP32:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    return k, v
+
+
+@triton.jit
+def softmax_step(acc, l_i, m_i, qk, v, DOT_PRECISION: tl.constexpr):
+    """One online-softmax step over a key tile.
+
+    Args:
+        acc: [M, BLOCK_D] fp32, unnormalized output so far.
+        l_i: [M] fp32, sum of exp2(score - m_i) so far.
+        m_i: [M] fp32, running max score (log2 domain).
+        qk: [M, BLOCK_N] fp32 scores in the log2 domain, -inf where masked.
+        v: [BLOCK_N, BLOCK_D] value tile (16-bit, or fp32 for exact fp32 dots).
+
+    NOTE: every row must see at least one unmasked key by its first tile, or
+    ``exp2(-inf - -inf)`` is NaN; the callers guarantee it (see each kernel).
+    """
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return acc, l_i, m_new
