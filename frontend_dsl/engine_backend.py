@@ -1,0 +1,87 @@
+"""``EngineBackend``: the DSL's ``Backend`` over an in-process ``runtime.Engine``.
+
+This is the only module of ``frontend_dsl`` that imports ``runtime``. Every request is
+sent as token ids, so the engine's radix cache matches branches on the exact ids they
+share with their parent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from frontend_dsl.backend import Backend, GenChunk, GenParams
+from frontend_dsl.constraints import to_engine_constraint
+from frontend_dsl.errors import GenerationError
+from frontend_dsl.hf_codec import HFCodec
+from runtime import SamplingParams
+
+
+def to_sampling_params(params: GenParams) -> SamplingParams:
+    """The engine's ``SamplingParams`` for one ``gen``; unset fields keep engine defaults."""
+    kwargs: dict[str, Any] = {"max_new_tokens": params.max_tokens, "stop": params.stop,
+                              "logprobs": params.return_logprob,
+                              "constraint": to_engine_constraint(params.constraint)}
+    for key in ("temperature", "top_p", "top_k", "min_p", "seed"):
+        if getattr(params, key) is not None:
+            kwargs[key] = getattr(params, key)
+    return SamplingParams(**kwargs)
+
+
+def scoring_params(start: int) -> SamplingParams:
+    """Prefill-only request returning prompt logprobs from position ``start`` on."""
+    if "logprob_start_len" in {f.name for f in dataclasses.fields(SamplingParams)}:
+        return SamplingParams(max_new_tokens=0, prompt_logprobs=True, logprob_start_len=start)  # type: ignore[call-arg]
+    # Older SamplingParams: the engine reads the start from ``extra``.
+    return SamplingParams(max_new_tokens=0, prompt_logprobs=True, extra={"logprob_start_len": start})
+
+
+class EngineBackend(Backend):
+    """Adapter from the DSL's ``Backend`` to ``runtime.Engine``."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.codec = HFCodec(engine.tokenizer)
+
+    def encode(self, text: str) -> list[int]:
+        return self.codec.encode(text)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.codec.decode(token_ids)
+
+    def apply_chat_template(self, messages: list[dict[str, str]],
+                            add_generation_prompt: bool = False) -> str:
+        return str(self.engine.apply_chat_template(messages, add_generation_prompt=add_generation_prompt))
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        return list(self.engine.eos_token_ids)
+
+    async def generate(self, input_ids: list[int], params: GenParams) -> AsyncIterator[GenChunk]:
+        # NOTE: leaving this iteration early (the node was cancelled) makes the engine's
+        # generate_stream abort the request, which frees its KV pages at once.
+        async for out in self.engine.generate_stream(
+            input_ids=input_ids, sampling_params=to_sampling_params(params),
+            request_id=f"dsl-{uuid.uuid4().hex}",
+        ):
+            if out.error is not None:
+                raise GenerationError(f"engine request failed: {out.error}")
+            yield GenChunk(out.delta_text, list(out.delta_token_ids), out.text, list(out.token_ids),
+                           out.finish_reason, out.logprobs, out.num_cached_tokens)
+
+    async def score(self, input_ids: list[int], start: int) -> list[float]:
+        out = await self.engine.agenerate(input_ids=input_ids, sampling_params=scoring_params(start))
+        if out.error is not None or out.prompt_logprobs is None:
+            raise GenerationError(f"engine returned no prompt logprobs: {out.error}")
+        logprobs = out.prompt_logprobs[start:]
+        if any(lp is None for lp in logprobs):
+            raise GenerationError(f"engine prompt logprobs missing from position {start}")
+        return [float(lp) for lp in logprobs if lp is not None]
+
+    async def cache_prefix(self, input_ids: list[int]) -> None:
+        await self.engine.agenerate(input_ids=input_ids, sampling_params=SamplingParams(max_new_tokens=0))
+
+    def metrics(self) -> dict[str, Any]:
+        return dict(self.engine.metrics())
