@@ -16,7 +16,8 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,9 +29,11 @@ from runtime.cache.page_pool import PagePool
 from runtime.cache.prefix_cache import PrefixCache
 from runtime.cache.radix_tree import RadixTree
 from runtime.config import EngineConfig
+from runtime.constrained import GrammarCompiler
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.engine_setup import resolve_device, resolve_dtype, size_pool
 from runtime.errors import EngineClosedError, InvalidRequestError, PromptTooLongError
+from runtime.grammar_step import mask_logits
 from runtime.model.loader import load_model, load_tokenizer, read_config, resolve_model_dir
 from runtime.model_runner import ModelRunner
 from runtime.outputs import FinishReason, RequestOutput
@@ -39,6 +42,7 @@ from runtime.sampler import sample
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.policy import make_policy
 from runtime.scheduler.scheduler import Scheduler
+from runtime.speculative import DraftProposer, SpecStats, verify_drafts
 
 log = logging.getLogger("arbor.engine")
 OutputCallback = Callable[[RequestOutput], None]
@@ -55,6 +59,9 @@ class _Tracked:
     logprobs: list[float]
     top_logprobs: list[dict[int, float]]
     emitted_tokens: int = 0
+    matcher: Any = None  # runtime.constrained GrammarMatcher when constrained
+    spec: SpecStats = field(default_factory=SpecStats)
+    drafts_from_lookup: bool = False  # this step's drafts came from prompt lookup
 
 
 class Engine:
@@ -101,6 +108,24 @@ class Engine:
         self._ids = itertools.count()
         self.forward_passes = 0
         self.num_finished = 0
+        self.proposer = DraftProposer()
+        self.spec = SpecStats()  # global speculation counters
+        self._grammar: GrammarCompiler | None = None  # built on the first constraint
+        self._grammar_lock = threading.Lock()
+        self._pending: dict[str, Future[Any]] = {}  # request id -> grammar still compiling
+
+    @property
+    def grammar_compiler(self) -> GrammarCompiler:
+        """Compiles constraints for this model's tokenizer (off the engine loop, cached)."""
+        with self._grammar_lock:
+            if self._grammar is None:
+                backend = None if self.config.grammar_backend == "auto" else self.config.grammar_backend
+                self._grammar = GrammarCompiler(self.tokenizer, self.vocab_size, backend=backend)
+            return self._grammar
+
+    def compile_constraint(self, constraint: Any) -> Any:
+        """Compile ``constraint`` now (cached). Raises ConstraintError if invalid or unsupported."""
+        return self.grammar_compiler.compile(constraint)
 
     def _eos_ids(self, hf_config: dict[str, Any]) -> list[int]:
         ids: set[int] = set()
@@ -144,14 +169,33 @@ class Engine:
             torch.Generator().manual_seed(params.seed) if params.seed is not None else None,
             [], [],
         )
+        future = self._start_grammar(params)
         with self._cv:
             if rid in self._tracked:
                 raise InvalidRequestError(f"duplicate request id {rid!r}")
             self._tracked[rid] = tracked
-            self._inbox.append(("add", request))
+            if future is None:
+                self._inbox.append(("add", request))
+            else:  # queued once its grammar is compiled, so it never stalls the batch
+                self._pending[rid] = future
+                future.add_done_callback(lambda _: self._post("grammar_ready", rid))
             self._cv.notify()
         self._ensure_thread()
         return rid
+
+    def _start_grammar(self, params: SamplingParams) -> Future[Any] | None:
+        """Start compiling the request's constraint; invalid ones raise here, at once."""
+        if params.constraint is None:
+            return None
+        future = self.grammar_compiler.compile_async(params.constraint)
+        if future.done() and future.exception() is not None:
+            raise future.exception()  # type: ignore[misc]
+        return future
+
+    def _post(self, kind: str, value: Any) -> None:
+        with self._cv:
+            self._inbox.append((kind, value))
+            self._cv.notify()
 
     def _prompt_ids(self, prompt: str | None, input_ids: list[int] | None) -> list[int]:
         if (prompt is None) == (input_ids is None):
@@ -177,9 +221,7 @@ class Engine:
 
     def abort(self, request_id: str) -> None:
         """Cancel a request; its pages are released on the engine's next step."""
-        with self._cv:
-            self._inbox.append(("abort", request_id))
-            self._cv.notify()
+        self._post("abort", request_id)
 
     # ---- blocking and async fronts --------------------------------------------------------------
     def generate(
@@ -205,6 +247,9 @@ class Engine:
                     if len(results) == len(rids):
                         done.set()
 
+        for p in params:  # constraint errors surface here, before anything decodes
+            if p is not None and p.constraint is not None:
+                self.compile_constraint(p.constraint)
         rids: list[str] = []
         with self._cv:  # submit all before the loop sees any, so they batch together
             for kind, value in items:
@@ -241,6 +286,9 @@ class Engine:
         Leaving the iteration early (or cancelling the task) aborts the request.
         """
         loop = asyncio.get_running_loop()
+        if sampling_params is not None and sampling_params.constraint is not None:
+            # Compile off the event loop; errors reach the caller before decoding.
+            await asyncio.wrap_future(self.grammar_compiler.compile_async(sampling_params.constraint))
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         def deliver(out: RequestOutput) -> None:
             if not loop.is_closed():  # the caller may be gone (its loop closed)
@@ -311,11 +359,13 @@ class Engine:
 
     def step(self) -> None:
         """One engine iteration: take new work, schedule, run the model, emit outputs."""
-        with self._step_lock:
+        with self._step_lock, torch.inference_mode():
             self._step()
 
     def _step(self) -> None:
         self._drain_inbox()
+        if self.config.speculation:
+            self._propose_drafts()
         batch = self.scheduler.schedule()
         if batch.empty:
             return
@@ -328,6 +378,7 @@ class Engine:
             return
         self.forward_passes += 1
         self.scheduler.commit(batch)
+        self._verify_and_emit(batch.verify, result.verify_logits)
         if self._debug:
             self.scheduler.check_integrity()
         self._record_prompt_logprobs(result.prompt_logprobs)
@@ -339,8 +390,88 @@ class Engine:
         for kind, value in inbox:
             if kind == "add":
                 self.scheduler.add(value)
+            elif kind == "grammar_ready":
+                self._grammar_ready(value)
             elif value in self._tracked:
                 self._finish(self._tracked[value].request, "abort")
+
+    def _propose_drafts(self) -> None:
+        """Draft tokens for every decoding request that allows speculation."""
+        for req in self.scheduler.running:
+            if not req.is_decoding or not req.params.speculation:
+                continue
+            t = self._tracked[req.request_id]
+            room = min(req.params.max_new_tokens - len(req.output_ids), self.max_model_len - req.seq_len) - 1
+            if room <= 0:
+                continue
+            drafts, forced = self.proposer.propose(req.all_ids, t.matcher, t.spec, room)
+            req.draft_ids = drafts
+            t.drafts_from_lookup = bool(drafts) and not forced
+            if t.drafts_from_lookup:
+                t.spec.lookup_rounds += 1
+                t.spec.lookup_draft_tokens += len(drafts)
+            t.spec.forced_tokens += forced
+            self.spec.forced_tokens += forced
+
+    def _verify_and_emit(self, reqs: list[Request], logits: dict[str, torch.Tensor]) -> None:
+        """Accept drafts exactly (see runtime.speculative.verify), then emit the tokens."""
+        for req in reqs:
+            t = self._tracked[req.request_id]
+            drafts = req.draft_ids
+            rows = logits[req.request_id]
+            stop_ids = set(req.params.stop_token_ids) | set(self.eos_token_ids)
+            tokens, accepted = verify_drafts(rows, drafts, req.params, t.matcher,
+                                             t.generator or self._generator, stop_ids)
+            self.scheduler.commit_verify(req, len(tokens))
+            self._count_spec(t, len(drafts), accepted, from_lookup=t.drafts_from_lookup)
+            if not tokens:
+                self._finish(req, "abort", error="the grammar admits no further token")
+                continue
+            logprobs = self._logprobs_of(req.params, rows[: len(tokens)], tokens)
+            for j, token in enumerate(tokens):
+                if logprobs is not None:
+                    chosen, top = logprobs
+                    if req.params.logprobs:
+                        t.logprobs.append(chosen[j])
+                    if top is not None:
+                        t.top_logprobs.append(top[j])
+                self._append_token(req, t, token, matcher_advanced=True)
+                if req.finish_reason is not None:
+                    break
+
+    def _count_spec(self, t: _Tracked, drafted: int, accepted: int, from_lookup: bool) -> None:
+        for stats in (t.spec, self.spec):
+            stats.draft_tokens += drafted
+            stats.accepted_tokens += accepted
+            stats.verify_rounds += 1
+        if from_lookup:
+            t.spec.lookup_accepted_tokens += accepted
+
+    @staticmethod
+    def _logprobs_of(
+        params: SamplingParams, rows: torch.Tensor, tokens: list[int]
+    ) -> tuple[list[float], list[dict[int, float]] | None] | None:
+        """(logprob of each token, top-k dicts) from verify rows, when asked for."""
+        if not params.logprobs and not params.top_logprobs:
+            return None
+        logp = torch.log_softmax(rows.float(), dim=-1)
+        picked = logp[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
+        top = None
+        if params.top_logprobs:
+            vals, idx = logp.topk(params.top_logprobs, dim=-1)
+            top = [dict(zip(i, v, strict=True)) for i, v in zip(idx.tolist(), vals.tolist(), strict=True)]
+        return picked, top
+
+    def _grammar_ready(self, rid: str) -> None:
+        future = self._pending.pop(rid, None)
+        if future is None:  # aborted while compiling
+            return
+        t = self._tracked[rid]
+        if future.exception() is not None:
+            self._finish(t.request, "abort", error=str(future.exception()))
+            return
+        t.matcher = future.result().new_matcher()
+        self.scheduler.add(t.request)
 
     def _record_prompt_logprobs(self, found: dict[str, list[tuple[int, float]]]) -> None:
         for rid, pairs in found.items():
@@ -355,10 +486,14 @@ class Engine:
         if not reqs:
             return
         tracked = [self._tracked[r.request_id] for r in reqs]
+        dead = set(mask_logits(result.logits, [t.matcher for t in tracked]))
         out = sample(result.logits, [r.params for r in reqs], [t.generator for t in tracked], self._generator)
         for i, (req, t) in enumerate(zip(reqs, tracked, strict=True)):
             if req.params.max_new_tokens == 0:
                 self._finish(req, "length")
+                continue
+            if i in dead:
+                self._finish(req, "abort", error="the grammar admits no further token")
                 continue
             token = out.token_ids[i]
             if out.logprobs is not None and req.params.logprobs:
@@ -368,9 +503,13 @@ class Engine:
                 t.top_logprobs.append(dict(list(top.items())[: req.params.top_logprobs]))
             self._append_token(req, t, token)
 
-    def _append_token(self, req: Request, t: _Tracked, token: int) -> None:
+    def _append_token(self, req: Request, t: _Tracked, token: int, matcher_advanced: bool = False) -> None:
         params = req.params
-        if token in params.stop_token_ids or (token in self.eos_token_ids and not params.ignore_eos):
+        if t.matcher is not None and not matcher_advanced and not t.matcher.accept_token(token):
+            self._finish(req, "abort", error=f"token {token} rejected by the grammar")
+            return
+        ignore_eos = params.ignore_eos and t.matcher is None  # a grammar decides where EOS goes
+        if token in params.stop_token_ids or (token in self.eos_token_ids and not ignore_eos):
             if t.logprobs and len(t.logprobs) > len(req.output_ids):
                 t.logprobs.pop()
             if t.top_logprobs and len(t.top_logprobs) > len(req.output_ids):
@@ -379,7 +518,7 @@ class Engine:
             return
         req.output_ids.append(token)
         t.detok.add(req.output_ids)
-        if t.detok.stopped:
+        if t.detok.stopped or (t.matcher is not None and t.matcher.is_terminated()):
             self._finish(req, "stop")
         elif len(req.output_ids) >= params.max_new_tokens or req.seq_len >= self.max_model_len:
             self._finish(req, "length")
@@ -389,7 +528,10 @@ class Engine:
     def _finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
         if req.finish_reason is not None:
             return
-        self.scheduler.finish(req, reason)
+        if self._pending.pop(req.request_id, None) is not None:  # never reached the scheduler
+            req.finish_reason = reason
+        else:
+            self.scheduler.finish(req, reason)
         t = self._tracked.pop(req.request_id)
         if reason != "stop" or not t.detok.stopped:
             t.detok.finish(req.output_ids)
@@ -443,8 +585,11 @@ class Engine:
             "num_aborts": s.num_aborts,
             "num_finished": self.num_finished,
             "forward_passes": self.forward_passes,
-            "spec_draft_tokens": 0,
-            "spec_accepted_tokens": 0,
+            "spec_draft_tokens": self.spec.draft_tokens,
+            "spec_accepted_tokens": self.spec.accepted_tokens,
+            "spec_forced_tokens": self.spec.forced_tokens,
+            "spec_verify_rounds": self.spec.verify_rounds,
+            "spec_acceptance_rate": self.spec.acceptance_rate,
         }
 
     def check_integrity(self) -> None:
@@ -457,7 +602,7 @@ class Engine:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self._cv:
-                if not self._inbox and not self.scheduler.has_work:
+                if not self._inbox and not self._pending and not self.scheduler.has_work:
                     return True
             time.sleep(0.005)
         return False
@@ -468,6 +613,8 @@ class Engine:
             self._cv.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if self._grammar is not None:
+            self._grammar.close()
 
     def __enter__(self) -> Engine:
         return self

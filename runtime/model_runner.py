@@ -21,6 +21,8 @@ class ForwardOutput:
     logits: torch.Tensor  # [len(sample_requests), vocab] float32 on the CPU
     # request_id -> [(prompt position, logprob of the prompt token there)]
     prompt_logprobs: dict[str, list[tuple[int, float]]]
+    # request_id -> [1 + num_drafts, vocab] logits of a verify item's positions
+    verify_logits: dict[str, torch.Tensor]
 
 
 class ModelRunner:
@@ -32,11 +34,23 @@ class ModelRunner:
         input_ids, positions, slots = self._token_tensors(batch)
         meta = self._metadata(batch, slots)
         sample_rows, sample_reqs, lp_rows, lp_targets = self._logit_rows(batch)
-        rows = torch.tensor(sample_rows + [r for r, _, _ in lp_rows], dtype=torch.long)
+        verify_rows = self._verify_rows(batch)
+        rows = torch.tensor(sample_rows + verify_rows + [r for r, _, _ in lp_rows], dtype=torch.long)
         logits = self.model(input_ids, positions, meta, rows.to(self.device)).cpu()
-        sample_logits = logits[: len(sample_rows)]
-        prompt_lp = self._prompt_logprobs(logits[len(sample_rows) :], lp_rows, lp_targets)
-        return ForwardOutput(sample_reqs, sample_logits, prompt_lp)
+        n_sample, n_verify = len(sample_rows), len(verify_rows)
+        verify_logits = dict(zip(
+            [r.request_id for r in batch.verify],
+            logits[n_sample : n_sample + n_verify].split([1 + len(r.draft_ids) for r in batch.verify]),
+            strict=True,
+        ))
+        prompt_lp = self._prompt_logprobs(logits[n_sample + n_verify :], lp_rows, lp_targets)
+        return ForwardOutput(sample_reqs, logits[:n_sample], prompt_lp, verify_logits)
+
+    def _verify_rows(self, batch: ScheduledBatch) -> list[int]:
+        """Every position of every verify item (they follow the prefill items)."""
+        offset = sum(i.num_tokens for i in batch.prefill)
+        total = sum(1 + len(r.draft_ids) for r in batch.verify)
+        return list(range(offset, offset + total))
 
     # ---- tensors ----------------------------------------------------------------------------
     def _token_tensors(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -48,6 +62,11 @@ class ModelRunner:
             ids.extend(r.all_ids[item.start : end])
             pos.extend(range(item.start, end))
             slots.append(self._slots(r.pages, torch.arange(item.start, end)))
+        for r in batch.verify:
+            tokens = [r.output_ids[-1], *r.draft_ids]
+            ids.extend(tokens)
+            pos.extend(range(r.num_computed, r.num_computed + len(tokens)))
+            slots.append(self._slots(r.pages, torch.arange(r.num_computed, r.num_computed + len(tokens))))
         for r in batch.decode:
             ids.append(r.output_ids[-1])
             pos.append(r.num_computed)
@@ -73,7 +92,10 @@ class ModelRunner:
         def i32(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int32, device=self.device)
 
-        ext_lens = [i.num_tokens for i in batch.prefill]
+        # The extend part: prefill items, then verify items (newest token + drafts).
+        ext_reqs = [i.request for i in batch.prefill] + batch.verify
+        ext_lens = [i.num_tokens for i in batch.prefill] + [1 + len(r.draft_ids) for r in batch.verify]
+        ext_starts = [i.start for i in batch.prefill] + [r.num_computed for r in batch.verify]
         indptr = [0]
         for n in ext_lens:
             indptr.append(indptr[-1] + n)
@@ -81,8 +103,8 @@ class ModelRunner:
             kv=self.kv,
             out_slots=slots,
             num_extend_tokens=indptr[-1],
-            extend_page_table=self._page_table([i.request.pages for i in batch.prefill]).to(self.device),
-            extend_prefix_lens=i32([i.start for i in batch.prefill]),
+            extend_page_table=self._page_table([r.pages for r in ext_reqs]).to(self.device),
+            extend_prefix_lens=i32(ext_starts),
             extend_lens=i32(ext_lens),
             extend_qo_indptr=i32(indptr),
             decode_page_table=self._page_table([r.pages for r in batch.decode]).to(self.device),
@@ -111,6 +133,7 @@ class ModelRunner:
             if r.params.prompt_logprobs:
                 self._prompt_rows(item, offset, lp_rows, lp_targets)
             offset += item.num_tokens
+        offset += sum(1 + len(r.draft_ids) for r in batch.verify)  # verify tokens come next
         for r in batch.decode:
             sample_rows.append(offset)
             sample_reqs.append(r)

@@ -46,6 +46,7 @@ class Request:
     prompt_logprobs: list[float | None] = field(default_factory=list)
     grammar: Any = None  # runtime.constrained matcher, when constrained
     admitted_once: bool = False
+    draft_ids: list[int] = field(default_factory=list)  # speculative drafts for this step
 
     @property
     def all_ids(self) -> list[int]:

@@ -57,16 +57,35 @@ def _sample_rows(
 ) -> torch.Tensor:  # [N] int64
     temp = torch.tensor([p.temperature for p in params], dtype=torch.float32)[:, None]
     probs = torch.softmax(logits / temp, dim=-1)
+    u = torch.stack([torch.rand((), generator=g) for g in generators])[:, None]
+    if not any(p.top_k or p.top_p < 1.0 or p.min_p > 0.0 for p in params):
+        # No filter: inverse CDF in token-id order, no sort needed.
+        return _inverse_cdf(probs, u)
     sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
     keep = _filter_mask(sorted_probs, params)
-    sorted_probs = sorted_probs * keep
-    cdf = sorted_probs.cumsum(dim=-1)
-    u = torch.stack([torch.rand((), generator=g) for g in generators])[:, None] * cdf[:, -1:]
-    pick = torch.searchsorted(cdf, u, right=True).clamp_(max=logits.shape[-1] - 1)
-    # Never pick a filtered-out (zero-probability) entry past the end of the kept ones.
-    last_kept = keep.sum(dim=-1, keepdim=True).clamp_(min=1) - 1
-    pick = torch.minimum(pick, last_kept)
-    return order.gather(1, pick).flatten()
+    return order.gather(1, _inverse_cdf(sorted_probs * keep, u)[:, None]).flatten()
+
+
+def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """[N, V] probabilities after temperature, top-k, top-p and min-p (rows sum to 1).
+
+    The same distribution ``_sample_rows`` draws from (used to verify sampled drafts).
+    """
+    temp = torch.tensor([p.temperature for p in params], dtype=torch.float32)[:, None]
+    probs = torch.softmax(logits.float() / temp, dim=-1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
+    keep = _filter_mask(sorted_probs, params)
+    kept = torch.zeros_like(probs).scatter_(1, order, sorted_probs * keep)
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:  # [N] int64
+    """The first index whose cumulative mass exceeds ``u`` x total, skipping zero-mass tail."""
+    cdf = probs.cumsum(dim=-1)
+    pick = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).flatten()
+    # Float round-off can land past the last entry with mass: clamp to it.
+    last = (probs > 0).cumsum(dim=-1).argmax(dim=-1)
+    return torch.minimum(pick, last)
 
 
 def _filter_mask(sorted_probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

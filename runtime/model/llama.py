@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import kernels
 from runtime.model.attention import AttentionMetadata, paged_attention
 from runtime.model.rope import RotaryEmbedding
 
@@ -70,9 +71,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return kernels.rms_norm(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):

@@ -27,12 +27,16 @@ class ScheduledBatch:
 
     prefill: list[PrefillItem] = field(default_factory=list)  # extend part, in this order
     decode: list[Request] = field(default_factory=list)  # one token each, after the extend part
+    # Decoding requests with speculative drafts: ``[newest token] + draft_ids`` computed
+    # as an extend after the prefill items; every position gets logits.
+    verify: list[Request] = field(default_factory=list)
     retracted: list[Request] = field(default_factory=list)  # paused this step (re-queued)
 
     @property
     def empty(self) -> bool:
-        return not self.prefill and not self.decode
+        return not self.prefill and not self.decode and not self.verify
 
     @property
     def num_tokens(self) -> int:
-        return sum(item.num_tokens for item in self.prefill) + len(self.decode)
+        extend = sum(item.num_tokens for item in self.prefill)
+        return extend + sum(1 + len(r.draft_ids) for r in self.verify) + len(self.decode)

@@ -77,13 +77,23 @@ class Scheduler:
 
     # ---- one step -----------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
+        self._drop_drafts_if_short()
         retracted = self._make_decode_room()
-        decode = [r for r in self.running if r.is_decoding]
-        decode_pages = sum(self._pages_to_grow(r, 1) for r in decode)
+        decoding = [r for r in self.running if r.is_decoding]
+        decode = [r for r in decoding if not r.draft_ids]
+        verify = [r for r in decoding if r.draft_ids]
+        decode_pages = sum(self._pages_to_grow(r, 1 + len(r.draft_ids)) for r in decoding)
         budget = _StepBudget(self.max_prefill_tokens, self._available_pages() - decode_pages)
         prefill = self._continue_prefills(budget) + self._admit(budget)
-        self._allocate(prefill, decode)
-        return ScheduledBatch(prefill=prefill, decode=decode, retracted=retracted)
+        self._allocate(prefill, decode, verify)
+        return ScheduledBatch(prefill=prefill, decode=decode, verify=verify, retracted=retracted)
+
+    def _drop_drafts_if_short(self) -> None:
+        """Speculation never costs a retraction: drop every draft when pages run short."""
+        need = sum(self._pages_to_grow(r, 1 + len(r.draft_ids)) for r in self.running if r.is_decoding)
+        if need > self._available_pages():
+            for r in self.running:
+                r.draft_ids = []
 
     def _available_pages(self) -> int:
         return self.pool.num_free_pages + self.cache.num_evictable_pages
@@ -95,7 +105,7 @@ class Scheduler:
     def _make_decode_room(self) -> list[Request]:
         retracted: list[Request] = []
         while True:
-            need = sum(self._pages_to_grow(r, 1) for r in self.running if r.is_decoding)
+            need = sum(self._pages_to_grow(r, 1 + len(r.draft_ids)) for r in self.running if r.is_decoding)
             if need <= self._available_pages() or len(self.running) <= 1:
                 return retracted
             victim = max(self.running, key=lambda r: self._admitted_at[id(r)])
@@ -104,6 +114,7 @@ class Scheduler:
 
     def _retract(self, request: Request) -> None:
         self._release(request)
+        request.draft_ids = []
         request.status = RequestStatus.WAITING
         request.num_retractions += 1
         self.stats.num_retractions += 1
@@ -189,8 +200,9 @@ class Scheduler:
         self.running.append(r)
         self._admitted_at[id(r)] = next(self._admission)
 
-    def _allocate(self, prefill: list[PrefillItem], decode: list[Request]) -> None:
+    def _allocate(self, prefill: list[PrefillItem], decode: list[Request], verify: list[Request]) -> None:
         wants = [(i.request, i.num_tokens) for i in prefill] + [(r, 1) for r in decode]
+        wants += [(r, 1 + len(r.draft_ids)) for r in verify]
         total = sum(self._pages_to_grow(r, n) for r, n in wants)
         if total > self.pool.num_free_pages:
             self.cache.evict(total - self.pool.num_free_pages)
@@ -209,6 +221,22 @@ class Scheduler:
         for r in batch.decode:
             r.num_computed += 1
         self.stats.decode_tokens += len(batch.decode)
+
+    def commit_verify(self, request: Request, num_tokens: int) -> None:
+        """A verify pass produced ``num_tokens`` tokens for ``request``.
+
+        The pass computed KV for the newest token and the drafts; the KV that stays valid
+        covers the newest token and the accepted drafts, i.e. every produced token but
+        the last (which becomes the new newest token). Pages that only held rejected
+        drafts are released.
+        """
+        request.num_computed += num_tokens
+        self.stats.decode_tokens += num_tokens
+        request.draft_ids = []
+        keep = max(self.pool.pages_for_tokens(request.num_computed), len(request.prefix.pages))
+        if len(request.pages) > keep:
+            self.pool.free(request.pages[keep:])
+            del request.pages[keep:]
 
     def finish(self, request: Request, reason: FinishReason) -> None:
         """Finish a running or waiting request and release its pages."""

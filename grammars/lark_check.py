@@ -1,0 +1,32 @@
+"""Validates Lark grammar text with ``lark`` so errors name their line and column."""
+
+from __future__ import annotations
+
+import lark
+from lark.exceptions import LarkError, UnexpectedInput
+
+from grammars.errors import ConstraintError
+
+
+def check_lark(text: str, source: str = "<grammar>") -> None:
+    """Raise ConstraintError unless ``text`` is a Lark grammar with a ``start`` rule.
+
+    Args:
+        text: Lark grammar source.
+        source: name used in the message (a file name or ``"<grammar>"``).
+    """
+    if not isinstance(text, str):
+        raise ConstraintError(f"grammar must be text, got {type(text).__name__}")
+    try:
+        lark.Lark(text, start="start")
+    except UnexpectedInput as exc:
+        raise ConstraintError(
+            f"grammar syntax error in {source} at line {exc.line}, column {exc.column}: "
+            f"{_first_line(str(exc))}"
+        ) from None
+    except LarkError as exc:
+        raise ConstraintError(f"invalid grammar in {source}: {_first_line(str(exc))}") from None
+
+
+def _first_line(message: str) -> str:
+    return message.strip().splitlines()[0] if message.strip() else message

@@ -1,0 +1,69 @@
+"""``to_constraint``: the one door from user-facing values to constraint objects."""
+
+from __future__ import annotations
+
+import enum
+import typing
+from pathlib import Path
+from typing import Any
+
+from grammars.constraints import (
+    ChoiceConstraint,
+    Constraint,
+    JsonSchemaConstraint,
+    TypeConstraint,
+)
+from grammars.errors import ConstraintError
+from grammars.library import grammar_from_file
+from grammars.outlines_types import from_outlines, is_outlines_type
+
+_BUILTIN_TYPES: dict[type, str] = {int: "int", float: "float", bool: "bool", str: "str"}
+
+
+def to_constraint(obj: Any) -> Constraint:
+    """Normalise anything Arbor accepts as a constraint into a Constraint object.
+
+    Accepted: a Constraint (returned as is); a JSON schema dict; a pydantic model
+    class; a list/tuple of strings (choice); ``typing.Literal[...]`` or a str Enum
+    class (choice); the types int, float, bool, str; a ``pathlib.Path`` to a
+    ``.lark`` file; an outlines output type (``outlines.types.Regex``,
+    ``JsonSchema``, ``Choice``, ``CFG``, other regex terms).
+
+    A bare string is refused as ambiguous: wrap it in RegexConstraint(...) or
+    GrammarConstraint(...), or use ``load_grammar(name)``.
+
+    Raises:
+        ConstraintError: the value is invalid or of an unknown type.
+    """
+    if isinstance(obj, Constraint):
+        return obj
+    if isinstance(obj, dict):
+        return JsonSchemaConstraint.from_schema(obj)
+    if isinstance(obj, list | tuple):
+        return ChoiceConstraint(tuple(obj))
+    if isinstance(obj, Path):
+        return grammar_from_file(obj)
+    if isinstance(obj, str):
+        raise ConstraintError(
+            "a bare string is ambiguous as a constraint: use RegexConstraint(pattern), "
+            "GrammarConstraint(lark_text) or load_grammar(name)"
+        )
+    if is_outlines_type(obj):
+        return from_outlines(obj)
+    return _from_python_type(obj)
+
+
+def _from_python_type(obj: Any) -> Constraint:
+    if obj in _BUILTIN_TYPES:
+        return TypeConstraint(_BUILTIN_TYPES[obj])  # type: ignore[arg-type]
+    if typing.get_origin(obj) is typing.Literal:
+        return ChoiceConstraint(tuple(typing.get_args(obj)))
+    if isinstance(obj, type) and issubclass(obj, enum.Enum):
+        return ChoiceConstraint(tuple(member.value for member in obj))
+    if isinstance(obj, type) and hasattr(obj, "model_json_schema"):  # pydantic model
+        return JsonSchemaConstraint.from_schema(obj.model_json_schema())
+    raise ConstraintError(
+        f"unknown constraint type {type(obj).__name__} ({obj!r:.80}); expected a JSON "
+        "schema dict, pydantic model class, list of choices, int/float/bool/str, "
+        "Literal[...], Enum, .lark Path, grammars constraint or outlines type"
+    )

@@ -1,0 +1,168 @@
+"""GrammarCompiler: compiles constraints off the decode loop, with a cache and a time bound.
+
+One per model tokenizer. ``compile_async`` runs in a thread pool and returns a Future
+that fails with ConstraintError("grammar compilation timed out ...") after
+``timeout_s``; ``compile`` waits for it (used at submission, to surface errors before
+decoding). The clock starts when a pool thread picks the job up, not while it waits
+in the queue. Results, errors included, are cached by ``(backend name,
+constraint.key)``; a timed-out compile is not cached, so a later request tries again.
+
+NOTE: a thread cannot be killed: a timed-out compile keeps its worker until the library
+returns. llguidance and xgrammar bound their own work; outlines-core does not (hence
+it is never a default backend, see registry.py).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from grammars import Constraint, ConstraintError, to_constraint
+from runtime.constrained.matcher import CompiledGrammar, GrammarBackend
+from runtime.constrained.registry import backend_class, create_backend, default_backend_name
+
+DEFAULT_TIMEOUT_S = 30.0
+
+
+class GrammarCompiler:
+    """Compiles and caches constraints for one tokenizer across the named backends."""
+
+    def __init__(
+        self,
+        hf_tokenizer: Any,
+        vocab_size: int | None = None,
+        *,
+        backend: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_workers: int = 2,
+        max_cached: int = 256,
+        backends: dict[str, GrammarBackend] | None = None,
+    ) -> None:
+        """
+        Args:
+            hf_tokenizer: the model's HF fast tokenizer.
+            vocab_size: the model's logits width (None: ``len(hf_tokenizer)``).
+            backend: force one backend for every kind; None picks the measured default
+                per constraint kind (registry.DEFAULT_BACKEND_BY_KIND).
+            timeout_s: bound on one compilation.
+            max_workers: compile threads.
+            max_cached: compiled grammars kept (least recently used dropped first).
+            backends: already-built backends by name, used instead of building them
+                (share one across compilers; inject a fake in tests).
+        """
+        if backend is not None:
+            backend_class(backend)  # fail fast on an unknown name
+        self.hf_tokenizer = hf_tokenizer
+        self.vocab_size = vocab_size or len(hf_tokenizer)
+        self.forced_backend = backend
+        self.timeout_s = timeout_s
+        self.max_cached = max_cached
+        self._backends: dict[str, GrammarBackend] = dict(backends or {})
+        self._cache: OrderedDict[tuple[str, str], Future[CompiledGrammar]] = OrderedDict()
+        self._lock = threading.Lock()  # guards _cache
+        self._backend_lock = threading.Lock()  # guards _backends
+        self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="grammar-compile")
+
+    def backend_name_for(self, constraint: Constraint) -> str:
+        """The backend that compiles ``constraint``."""
+        return self.forced_backend or default_backend_name(constraint.kind)
+
+    def backend(self, name: str) -> GrammarBackend:
+        """The backend ``name`` for this tokenizer, built on first use."""
+        with self._backend_lock:  # NOTE: not _lock: building takes ~0.5 s
+            if name not in self._backends:
+                self._backends[name] = create_backend(name, self.hf_tokenizer, self.vocab_size)
+            return self._backends[name]
+
+    def compile_async(self, constraint: Any) -> Future[CompiledGrammar]:
+        """Start (or reuse) the compilation of ``constraint``; never blocks on it.
+
+        ``constraint`` is anything ``grammars.to_constraint`` accepts; normalising errors
+        come back through the Future too.
+        """
+        try:
+            normal = to_constraint(constraint)
+        except ConstraintError as exc:
+            return _failed(exc)
+        cache_key = (self.backend_name_for(normal), normal.key)
+        with self._lock:
+            cached = self._cache.get(cache_key)
+            if cached is not None:
+                self._cache.move_to_end(cache_key)
+                return cached
+            future = self._start(cache_key, normal)
+            self._cache[cache_key] = future
+            while len(self._cache) > self.max_cached:
+                self._cache.popitem(last=False)
+        return future
+
+    def compile(self, constraint: Any, timeout_s: float | None = None) -> CompiledGrammar:
+        """Compile and wait; raises ConstraintError (invalid, unsupported, timed out)."""
+        future = self.compile_async(constraint)
+        try:
+            return future.result(timeout=timeout_s if timeout_s is not None else self.timeout_s)
+        except FutureTimeout:
+            raise _timeout_error(timeout_s or self.timeout_s) from None
+
+    def close(self) -> None:
+        """Stop the compile threads (running compilations finish in the background)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _start(self, cache_key: tuple[str, str], constraint: Constraint) -> Future[CompiledGrammar]:
+        """Submit one compilation; the caller holds the lock."""
+        outer: Future[CompiledGrammar] = Future()
+        self._pool.submit(self._run, cache_key, constraint, outer)
+        return outer
+
+    def _run(
+        self, cache_key: tuple[str, str], constraint: Constraint, outer: Future[CompiledGrammar]
+    ) -> None:
+        """Compile on a pool thread; the clock starts here, not while queued."""
+        timer = threading.Timer(self.timeout_s, self._expire, (cache_key, outer))
+        timer.daemon = True
+        timer.start()
+        try:
+            compiled = self.backend(cache_key[0]).compile(constraint)
+        except ConstraintError as exc:
+            _try_set(outer, exception=exc)
+        except Exception as exc:  # a library bug, not the user's constraint: same error type
+            _try_set(outer, exception=ConstraintError(f"grammar compilation failed: {exc!r}"))
+        else:
+            _try_set(outer, result=compiled)
+        finally:
+            timer.cancel()
+
+    def _expire(self, cache_key: tuple[str, str], outer: Future[CompiledGrammar]) -> None:
+        if _try_set(outer, exception=_timeout_error(self.timeout_s)):
+            with self._lock:
+                if self._cache.get(cache_key) is outer:
+                    del self._cache[cache_key]
+
+
+def _timeout_error(timeout_s: float) -> ConstraintError:
+    return ConstraintError(f"grammar compilation timed out after {timeout_s:g} s")
+
+
+def _try_set(
+    future: Future[CompiledGrammar],
+    result: CompiledGrammar | None = None,
+    exception: BaseException | None = None,
+) -> bool:
+    """Resolve ``future`` unless already resolved (the timer and the job race)."""
+    try:
+        if exception is not None:
+            future.set_exception(exception)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+    except Exception:  # InvalidStateError: the other side won
+        return False
+    return True
+
+
+def _failed(exc: ConstraintError) -> Future[CompiledGrammar]:
+    future: Future[CompiledGrammar] = Future()
+    future.set_exception(exc)
+    return future

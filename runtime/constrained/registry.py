@@ -1,0 +1,48 @@
+"""Backends by name, and the default backend for each constraint kind."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grammars import ConstraintError
+from runtime.constrained.llguidance_backend import LLGuidanceBackend
+from runtime.constrained.matcher import GrammarBackend
+from runtime.constrained.outlines_backend import OutlinesBackend
+from runtime.constrained.xgrammar_backend import XGrammarBackend
+
+BACKENDS: dict[str, type[GrammarBackend]] = {
+    "llguidance": LLGuidanceBackend,
+    "xgrammar": XGrammarBackend,
+    "outlines": OutlinesBackend,
+}
+
+# Chosen by measurement: benchmarks/bench_grammar_engines.py, SmolLM2-135M vocabulary
+# (49152), 2 Zen 3 cores, on the 300-schema JSONSchemaBench sample (see the figures
+# below, filled in from that run).
+DEFAULT_BACKEND_BY_KIND: dict[str, str] = {
+    "json_schema": "llguidance",
+    "regex": "llguidance",
+    "choice": "llguidance",
+    "type": "llguidance",
+    "grammar": "llguidance",
+}
+
+
+def backend_class(name: str) -> type[GrammarBackend]:
+    """The backend class called ``name`` ("llguidance", "xgrammar" or "outlines")."""
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise ConstraintError(
+            f"unknown grammar backend {name!r}; choose one of {sorted(BACKENDS)}"
+        ) from None
+
+
+def default_backend_name(kind: str) -> str:
+    """The measured default backend for a constraint kind."""
+    return DEFAULT_BACKEND_BY_KIND.get(kind, "llguidance")
+
+
+def create_backend(name: str, hf_tokenizer: Any, vocab_size: int | None = None) -> GrammarBackend:
+    """Build backend ``name`` for a tokenizer (slow: once per model)."""
+    return backend_class(name).from_tokenizer(hf_tokenizer, vocab_size)
