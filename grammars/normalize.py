@@ -61,9 +61,30 @@ def _from_python_type(obj: Any) -> Constraint:
     if isinstance(obj, type) and issubclass(obj, enum.Enum):
         return ChoiceConstraint(tuple(member.value for member in obj))
     if isinstance(obj, type) and hasattr(obj, "model_json_schema"):  # pydantic model
-        return JsonSchemaConstraint.from_schema(obj.model_json_schema())
+        schema = obj.model_json_schema()
+        if getattr(obj, "model_config", {}).get("extra") != "allow":
+            schema = close_objects(schema)
+        return JsonSchemaConstraint.from_schema(schema)
     raise ConstraintError(
         f"unknown constraint type {type(obj).__name__} ({obj!r:.80}); expected a JSON "
         "schema dict, pydantic model class, list of choices, int/float/bool/str, "
         "Literal[...], Enum, .lark Path, grammars constraint or outlines type"
     )
+
+
+def close_objects(schema: Any) -> Any:
+    """``additionalProperties: false`` on every object schema that lists properties and
+    says nothing about extra keys.
+
+    Pydantic models ignore (``extra="ignore"``) or forbid unknown fields; generating them
+    only wastes tokens and makes the model invent keys, so a model class means exactly
+    its fields (unless it sets ``extra="allow"``). Plain dict schemas are left as given.
+    """
+    if isinstance(schema, dict):
+        out = {k: close_objects(v) for k, v in schema.items()}
+        if "properties" in out and "additionalProperties" not in out:
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [close_objects(v) for v in schema]
+    return schema

@@ -26,7 +26,11 @@ class EngineConfig:
     num_pages: int | None = None  # KV pool size; None: derived from mem_fraction
     mem_fraction: float = 0.15  # share of free memory given to the KV pool when num_pages is None
     max_running_requests: int = 256  # cap on requests in the running batch
-    max_prefill_tokens: int = 2048  # prefill token budget per step (chunk size for long prompts)
+    max_prefill_tokens: int = 2048  # prefill token budget of a step in which nothing decodes
+    # Prefill tokens per step while other requests decode (stall-free batching): long
+    # prompts advance in chunks this small so running streams keep their pace. On the CPU
+    # a 32-token chunk costs about one batch-16 decode step.
+    chunked_prefill_size: int = 32
     decode_reserve_tokens: int = 16  # KV tokens reserved per running request at admission
     disable_prefix_cache: bool = False  # True: the do-nothing cache (baseline)
     schedule_policy: SchedulePolicy = "lpm"  # "lpm" longest-prefix-match, or "fcfs"
@@ -44,7 +48,7 @@ class EngineConfig:
                 raise InvalidRequestError(f"{name} must be a positive integer, got {value!r}")
 
         for name in ("max_model_len", "page_size", "num_pages", "max_running_requests",
-                     "max_prefill_tokens", "num_threads"):
+                     "max_prefill_tokens", "chunked_prefill_size", "num_threads"):
             positive(name)
         if self.decode_reserve_tokens < 0:
             raise InvalidRequestError("decode_reserve_tokens must be >= 0")

@@ -95,7 +95,7 @@ class Engine:
         self.cache: PrefixCache = NoPrefixCache(self.pool) if cfg.disable_prefix_cache else RadixTree(self.pool)
         self.scheduler = Scheduler(self.pool, self.cache, make_policy(cfg.schedule_policy),
                                    cfg.max_running_requests, cfg.max_prefill_tokens,
-                                   cfg.decode_reserve_tokens)
+                                   cfg.decode_reserve_tokens, cfg.chunked_prefill_size)
         self.runner = ModelRunner(self.model, self.kv, self.device)
         self._generator = torch.Generator().manual_seed(cfg.seed)
         self._tracked: dict[str, _Tracked] = {}
@@ -338,44 +338,53 @@ class Engine:
 
     def _loop(self) -> None:
         while True:
+            if self._debug and self._idle():
+                self.check_integrity()  # NOTE: never under _cv: steps take _step_lock, then _cv
             with self._cv:
-                while not self._inbox and not self.scheduler.has_work and not self._closed:
-                    if self._debug:
-                        with self._step_lock:
-                            self.scheduler.check_integrity()
+                while self._idle() and not self._closed:
                     self._cv.wait()
                 if self._closed:
                     return
             try:
-                self.step()
+                progressed = self.step()
             except Exception:  # a bug must not kill the loop and strand every caller
                 log.exception("engine step failed; failing the requests in flight")
                 self._fail_all("internal error in the engine step")
+                continue
+            if not progressed:  # work exists but none can run yet: don't spin
+                with self._cv:
+                    self._cv.wait(timeout=0.01)
+
+    def _idle(self) -> bool:
+        return not self._inbox and not self.scheduler.has_work
 
     def _fail_all(self, message: str) -> None:
         with self._step_lock:
             for req in list(self.scheduler.running) + list(self.scheduler.waiting):
                 self._finish(req, "abort", error=message)
 
-    def step(self) -> None:
-        """One engine iteration: take new work, schedule, run the model, emit outputs."""
-        with self._step_lock, torch.inference_mode():
-            self._step()
+    def step(self) -> bool:
+        """One engine iteration: take new work, schedule, run the model, emit outputs.
 
-    def _step(self) -> None:
+        Returns False when nothing could be scheduled.
+        """
+        with self._step_lock, torch.inference_mode():
+            return self._step()
+
+    def _step(self) -> bool:
         self._drain_inbox()
         if self.config.speculation:
             self._propose_drafts()
         batch = self.scheduler.schedule()
         if batch.empty:
-            return
+            return False
         try:
             result = self.runner.forward(batch)
         except Exception as exc:  # a bug or device error: fail this batch, keep serving
             log.exception("forward pass failed")
-            for req in [i.request for i in batch.prefill] + batch.decode:
+            for req in [i.request for i in batch.prefill] + batch.decode + batch.verify:
                 self._finish(req, "abort", error=f"internal error: {exc}")
-            return
+            return True
         self.forward_passes += 1
         self.scheduler.commit(batch)
         self._verify_and_emit(batch.verify, result.verify_logits)
@@ -383,14 +392,18 @@ class Engine:
             self.scheduler.check_integrity()
         self._record_prompt_logprobs(result.prompt_logprobs)
         self._sample_and_emit(result)
+        return True
 
     def _drain_inbox(self) -> None:
         with self._cv:
             inbox, self._inbox = self._inbox, []
+            for kind, value in inbox:  # NOTE: under _cv, so wait_idle never sees a gap
+                if kind == "add":
+                    self.scheduler.add(value)
         for kind, value in inbox:
             if kind == "add":
-                self.scheduler.add(value)
-            elif kind == "grammar_ready":
+                continue
+            if kind == "grammar_ready":
                 self._grammar_ready(value)
             elif value in self._tracked:
                 self._finish(self._tracked[value].request, "abort")
@@ -463,7 +476,7 @@ class Engine:
         return picked, top
 
     def _grammar_ready(self, rid: str) -> None:
-        future = self._pending.pop(rid, None)
+        future = self._pending.get(rid)
         if future is None:  # aborted while compiling
             return
         t = self._tracked[rid]
@@ -472,6 +485,7 @@ class Engine:
             return
         t.matcher = future.result().new_matcher()
         self.scheduler.add(t.request)
+        del self._pending[rid]  # NOTE: after add, so wait_idle never sees a gap
 
     def _record_prompt_logprobs(self, found: dict[str, list[tuple[int, float]]]) -> None:
         for rid, pairs in found.items():
@@ -602,7 +616,7 @@ class Engine:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self._cv:
-                if not self._inbox and not self._pending and not self.scheduler.has_work:
+                if self._idle() and not self._pending:
                     return True
             time.sleep(0.005)
         return False

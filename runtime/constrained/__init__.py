@@ -19,16 +19,13 @@ from runtime.constrained.bitmask import (
     unpack_bitmask,
 )
 from runtime.constrained.compiler import DEFAULT_TIMEOUT_S, GrammarCompiler
-from runtime.constrained.llguidance_backend import LLGuidanceBackend
 from runtime.constrained.matcher import CompiledGrammar, GrammarBackend, GrammarMatcher
-from runtime.constrained.outlines_backend import OutlinesBackend
 from runtime.constrained.registry import (
     BACKENDS,
     DEFAULT_BACKEND_BY_KIND,
     create_backend,
     default_backend_name,
 )
-from runtime.constrained.xgrammar_backend import XGrammarBackend
 
 __all__ = [
     "BACKENDS",
@@ -38,9 +35,6 @@ __all__ = [
     "GrammarBackend",
     "GrammarCompiler",
     "GrammarMatcher",
-    "LLGuidanceBackend",
-    "OutlinesBackend",
-    "XGrammarBackend",
     "allocate_token_bitmask",
     "allowed_token_ids",
     "apply_token_bitmask",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 import llguidance.hf
@@ -13,6 +13,9 @@ import torch
 from grammars import Constraint, ConstraintError, GrammarConstraint, JsonSchemaConstraint
 from runtime.constrained.matcher import CompiledGrammar, GrammarBackend, GrammarMatcher
 from runtime.constrained.regex_source import regex_of
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
 
 
 class LLGuidanceMatcher(GrammarMatcher):
@@ -64,6 +67,9 @@ class LLGuidanceMatcher(GrammarMatcher):
     def can_end(self) -> bool:
         return self.eos_taken is None and bool(self.matcher.is_accepting())
 
+    def error(self) -> str | None:
+        return _short(self.matcher) if self.matcher.is_error() else None
+
     def forced_tokens(self) -> list[int]:
         # llguidance re-tokenizes forced bytes canonically and holds back the last token
         # when a longer token could still cover the boundary.
@@ -83,6 +89,17 @@ class LLGuidanceGrammar(CompiledGrammar):
     def new_matcher(self) -> GrammarMatcher:
         return LLGuidanceMatcher(self.template.deep_copy(), self.eos_token_id)
 
+
+# JSON output layout, the same on every backend: one line, json.dumps separators. NOTE:
+# flexible whitespace lets a model (and the fuzz tests' random walks) emit whitespace
+# without end between tokens; this layout bounds it and is what models write anyway.
+JSON_LAYOUT: JsonCompileOptions = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
+# The relaxation for schemas with unimplemented features (see LLGuidanceBackend).
+RELAXED_JSON: JsonCompileOptions = {**JSON_LAYOUT, "lenient": True, "coerce_one_of": True}
 
 # llguidance errors that mean "valid schema, feature not implemented" (not "invalid").
 _UNSUPPORTED_MARKERS = ("Unimplemented keys", "oneOf constraints are not supported", "Unknown format")
@@ -141,7 +158,7 @@ class LLGuidanceBackend(GrammarBackend):
         if not any(marker in error for marker in _UNSUPPORTED_MARKERS):
             return None
         grammar = llguidance.LLMatcher.grammar_from_json_schema(
-            constraint.schema_json, overrides={"lenient": True, "coerce_one_of": True}
+            constraint.schema_json, overrides=RELAXED_JSON
         )
         template = self._matcher(grammar)
         if template.is_error():
@@ -158,9 +175,16 @@ class LLGuidanceBackend(GrammarBackend):
         llguidance.torch.fill_next_token_bitmask_par(self.executor, pairs, bitmask)
 
 
+# JSON is generated on one line in ``json.dumps``'s default layout ({"a": 1, "b": [2, 3]}):
+# flexible whitespace lets a sampler wander through newlines and indentation forever (a
+# random-weight model never closes the object) and leaves nothing for the grammar to force;
+# fixed separators make keys and punctuation forced tokens that speculation gets for free.
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
 def _grammar_text(constraint: Constraint) -> str:
     if isinstance(constraint, JsonSchemaConstraint):
-        return str(llguidance.LLMatcher.grammar_from_json_schema(constraint.schema_json))
+        return str(llguidance.LLMatcher.grammar_from_json_schema(constraint.schema_json, overrides=JSON_LAYOUT))
     if isinstance(constraint, GrammarConstraint):
         return str(llguidance.LLMatcher.grammar_from_lark(constraint.lark_text))
     regex = regex_of(constraint)

@@ -56,6 +56,14 @@ class GrammarMatcher(ABC):
     def can_end(self) -> bool:
         """EOS is allowed now: the text so far is a complete sentence of the grammar."""
 
+    def error(self) -> str | None:
+        """Why this matcher can no longer advance (a backend limit hit), else None.
+
+        After an error the mask allows nothing useful; the engine should end the
+        request with this message rather than sample.
+        """
+        return None
+
     def forced_tokens(self) -> list[int]:
         """Tokens the grammar forces next, in canonical tokenization; [] if unknown."""
         return []

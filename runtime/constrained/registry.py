@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from grammars import ConstraintError
-from runtime.constrained.llguidance_backend import LLGuidanceBackend
 from runtime.constrained.matcher import GrammarBackend
-from runtime.constrained.outlines_backend import OutlinesBackend
-from runtime.constrained.xgrammar_backend import XGrammarBackend
 
-BACKENDS: dict[str, type[GrammarBackend]] = {
-    "llguidance": LLGuidanceBackend,
-    "xgrammar": XGrammarBackend,
-    "outlines": OutlinesBackend,
+# name -> "module:class". Imported on first use: xgrammar and outlines take seconds to
+# import, and an engine that never sees a constraint should not pay for them.
+BACKENDS: dict[str, str] = {
+    "llguidance": "runtime.constrained.llguidance_backend:LLGuidanceBackend",
+    "xgrammar": "runtime.constrained.xgrammar_backend:XGrammarBackend",
+    "outlines": "runtime.constrained.outlines_backend:OutlinesBackend",
 }
 
 # Chosen by measurement: benchmarks/bench_grammar_engines.py, SmolLM2-135M vocabulary
@@ -30,12 +30,11 @@ DEFAULT_BACKEND_BY_KIND: dict[str, str] = {
 
 def backend_class(name: str) -> type[GrammarBackend]:
     """The backend class called ``name`` ("llguidance", "xgrammar" or "outlines")."""
-    try:
-        return BACKENDS[name]
-    except KeyError:
-        raise ConstraintError(
-            f"unknown grammar backend {name!r}; choose one of {sorted(BACKENDS)}"
-        ) from None
+    if name not in BACKENDS:
+        raise ConstraintError(f"unknown grammar backend {name!r}; choose one of {sorted(BACKENDS)}")
+    module, cls = BACKENDS[name].split(":")
+    backend: type[GrammarBackend] = getattr(importlib.import_module(module), cls)
+    return backend
 
 
 def default_backend_name(kind: str) -> str:

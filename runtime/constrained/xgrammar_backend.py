@@ -101,8 +101,10 @@ class XGrammarBackend(GrammarBackend):
         if isinstance(constraint, JsonSchemaConstraint):
             # strict_mode=False keeps the standard JSON-schema meaning (extra properties
             # allowed unless the schema forbids them), as llguidance does.
+            # Same layout as llguidance_backend.JSON_LAYOUT: one line, ", " and ": ".
             return self.compiler.compile_json_schema(
-                constraint.schema_json, any_whitespace=True, strict_mode=False
+                constraint.schema_json, any_whitespace=False, separators=(", ", ": "),
+                strict_mode=False,
             )
         if isinstance(constraint, GrammarConstraint):
             return self.compiler.compile_lark(constraint.lark_text)

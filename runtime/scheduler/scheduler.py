@@ -7,7 +7,8 @@ The algorithm, once per step (``schedule``):
    can: a retracted request's KV goes to the prefix cache, it keeps its output and is
    re-queued first in line, so it resumes from the cache (or recomputes) later.
 2. Prefill. Continue requests whose prompt is part-way prefilled (chunked prefill), then
-   admit waiting requests in policy order while the prefill token budget, the running
+   admit waiting requests in policy order while the prefill token budget (small while
+   others decode, so their inter-token latency holds; large otherwise), the running
    cap and the pool (free + evictable, minus decode reservations) allow. A prompt longer
    than the remaining budget is cut into chunks; running requests keep decoding in the
    same step (mixed batch). A waiting request that shares an uncached prefix with one
@@ -54,10 +55,13 @@ class Scheduler:
         max_running_requests: int,
         max_prefill_tokens: int,
         decode_reserve_tokens: int,
+        chunked_prefill_size: int | None = None,
     ) -> None:
         self.pool, self.cache, self.policy = pool, cache, policy
         self.max_running = max_running_requests
         self.max_prefill_tokens = max_prefill_tokens
+        # Budget while others decode (None: the same as max_prefill_tokens).
+        self.chunked_prefill_size = chunked_prefill_size or max_prefill_tokens
         self.decode_reserve_tokens = decode_reserve_tokens
         self.waiting: list[Request] = []
         self.running: list[Request] = []
@@ -83,7 +87,8 @@ class Scheduler:
         decode = [r for r in decoding if not r.draft_ids]
         verify = [r for r in decoding if r.draft_ids]
         decode_pages = sum(self._pages_to_grow(r, 1 + len(r.draft_ids)) for r in decoding)
-        budget = _StepBudget(self.max_prefill_tokens, self._available_pages() - decode_pages)
+        tokens = self.chunked_prefill_size if decoding else self.max_prefill_tokens
+        budget = _StepBudget(tokens, self._available_pages() - decode_pages)
         prefill = self._continue_prefills(budget) + self._admit(budget)
         self._allocate(prefill, decode, verify)
         return ScheduledBatch(prefill=prefill, decode=decode, verify=verify, retracted=retracted)

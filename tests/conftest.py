@@ -1,0 +1,87 @@
+"""Fixtures shared by the whole suite: tiny random-weight models built once per session.
+
+The models are small enough to run on the CPU in milliseconds per step, with weights
+drawn at a larger std than HF's default so greedy outputs are diverse (a model at the
+default init tends to repeat one token). The tokenizer files come from the converted
+default model (SmolLM2-135M-Instruct, vocab 49152).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# NOTE: tests/ mirrors the source tree (tests/runtime, tests/kernels, ...) without
+# __init__.py files, so pytest's default "prepend" import mode puts tests/ on sys.path to
+# import this file, and tests/runtime would then shadow the real `runtime` package as a
+# namespace package (the editable install's finder runs after the path scan). A regular
+# package anywhere on sys.path beats namespace portions, so the repository root is added.
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.append(str(REPO_ROOT))
+
+TOKENIZER_SOURCE = Path("/root/.cache/arbor/models/SmolLM2-135M-Instruct")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                   "special_tokens_map.json")
+
+
+def _save_tiny_model(config: Any, model_cls: Any, out: Path) -> Path:
+    import torch
+
+    if not (TOKENIZER_SOURCE / "tokenizer.json").is_file():
+        pytest.skip(f"tokenizer files missing in {TOKENIZER_SOURCE} (run `make setup`)")
+    torch.manual_seed(0)
+    model = model_cls(config)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear | torch.nn.Embedding):
+                module.weight.normal_(0.0, 0.1)
+    model.save_pretrained(out, safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        if (TOKENIZER_SOURCE / name).is_file():
+            shutil.copy(TOKENIZER_SOURCE / name, out / name)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An HF-style directory: 2-layer Llama (hidden 64, GQA 4/2 heads), random weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=1024, tie_word_embeddings=False,
+                         bos_token_id=1, eos_token_id=2)
+    return _save_tiny_model(config, LlamaForCausalLM, tmp_path_factory.mktemp("tiny_llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same shape as ``tiny_llama_dir`` as a Qwen2 (q/k/v bias, tied embeddings)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=49152, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=1024, tie_word_embeddings=True,
+                         bos_token_id=1, eos_token_id=2)
+    return _save_tiny_model(config, Qwen2ForCausalLM, tmp_path_factory.mktemp("tiny_qwen2"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama with Llama 3 rope scaling (factor 8 over 64 original positions), MQA."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=1024,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 64},
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+    )
+    return _save_tiny_model(config, LlamaForCausalLM, tmp_path_factory.mktemp("tiny_llama3"))
