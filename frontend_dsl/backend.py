@@ -33,6 +33,7 @@ class GenParams:
     seed: int | None = None
     constraint: ConstraintSpec | None = None
     return_logprob: bool = False
+    speculation: bool = True  # allow speculative drafts (never changes the output)
 
     def describe(self) -> dict[str, Any]:
         """JSON-able view for the request graph."""

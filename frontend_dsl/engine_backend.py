@@ -7,7 +7,6 @@ share with their parent.
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -23,6 +22,7 @@ def to_sampling_params(params: GenParams) -> SamplingParams:
     """The engine's ``SamplingParams`` for one ``gen``; unset fields keep engine defaults."""
     kwargs: dict[str, Any] = {"max_new_tokens": params.max_tokens, "stop": params.stop,
                               "logprobs": params.return_logprob,
+                              "speculation": params.speculation,
                               "constraint": to_engine_constraint(params.constraint)}
     for key in ("temperature", "top_p", "top_k", "min_p", "seed"):
         if getattr(params, key) is not None:
@@ -32,10 +32,7 @@ def to_sampling_params(params: GenParams) -> SamplingParams:
 
 def scoring_params(start: int) -> SamplingParams:
     """Prefill-only request returning prompt logprobs from position ``start`` on."""
-    if "logprob_start_len" in {f.name for f in dataclasses.fields(SamplingParams)}:
-        return SamplingParams(max_new_tokens=0, prompt_logprobs=True, logprob_start_len=start)  # type: ignore[call-arg]
-    # Older SamplingParams: the engine reads the start from ``extra``.
-    return SamplingParams(max_new_tokens=0, prompt_logprobs=True, extra={"logprob_start_len": start})
+    return SamplingParams(max_new_tokens=0, prompt_logprobs=True, logprob_start_len=start)
 
 
 class EngineBackend(Backend):

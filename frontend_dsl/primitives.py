@@ -78,6 +78,7 @@ def gen(
     return_logprob: bool = False,
     tools: Sequence[Tool] | None = None,
     tool_result_prefix: str = "\nObservation: ",
+    speculation: bool = True,
 ) -> Expr:
     """Generate text into variable ``name``.
 
@@ -90,6 +91,8 @@ def gen(
             validated object (a dict or a model instance).
         choices: makes this a ``select`` over ``choices``.
         return_logprob: also record per-token logprobs in ``s.get_meta(name)``.
+        speculation: False turns speculative drafts off for this call (the output is the
+            same either way; only speed differs).
         tools: make the model call one of these ``@tool`` functions; the variable then
             holds a ``ToolCall`` and the result is appended after ``tool_result_prefix``.
 
@@ -112,6 +115,7 @@ def gen(
         seed=seed,
         constraint=make_constraint(regex, json_schema, grammar),
         return_logprob=return_logprob,
+        speculation=speculation,
     )
     if tools and params.constraint is not None:
         raise ProgramDefinitionError("tools= sets its own constraint; drop regex/json_schema/grammar")

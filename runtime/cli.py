@@ -1,4 +1,4 @@
-"""The ``arbor`` command: ``arbor generate "prompt"`` (and ``arbor serve`` later).
+"""The ``arbor`` command: ``arbor generate "prompt"`` and ``arbor serve``.
 
 Every ``EngineConfig`` field is a flag (``max_model_len`` ↔ ``--max-model-len``).
 """
@@ -58,6 +58,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from runtime.server.launch import serve
+
+    return serve(args, engine_kwargs(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="arbor", description="Arbor LLM-program runtime")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -71,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed-sample", type=int, default=None, help="sampling seed")
     add_engine_flags(gen)
     gen.set_defaults(func=_cmd_generate)
+    from runtime.server.launch import add_server_flags
+
+    srv = sub.add_parser("serve", help="serve the engine over HTTP (native, OpenAI, programs)")
+    add_server_flags(srv)
+    add_engine_flags(srv)
+    srv.set_defaults(func=_cmd_serve)
     return parser
 
 

@@ -160,8 +160,7 @@ class Engine:
         ids = self._prompt_ids(prompt, input_ids)
         self._check_length(ids, params)
         rid = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
-        request = Request(rid, ids, params, arrival=0,
-                          logprob_start_len=int(params.extra.get("logprob_start_len", 0)))
+        request = Request(rid, ids, params, arrival=0, logprob_start_len=params.logprob_start_len)
         tracked = _Tracked(
             request,
             IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens),
@@ -448,7 +447,9 @@ class Engine:
                         t.logprobs.append(chosen[j])
                     if top is not None:
                         t.top_logprobs.append(top[j])
-                self._append_token(req, t, token, matcher_advanced=True)
+                # NOTE: the matcher already advanced past *all* tokens, so its
+                # "terminated" state only speaks for the last one.
+                self._append_token(req, t, token, matcher_advanced=True, last=j == len(tokens) - 1)
                 if req.finish_reason is not None:
                     break
 
@@ -517,7 +518,9 @@ class Engine:
                 t.top_logprobs.append(dict(list(top.items())[: req.params.top_logprobs]))
             self._append_token(req, t, token)
 
-    def _append_token(self, req: Request, t: _Tracked, token: int, matcher_advanced: bool = False) -> None:
+    def _append_token(
+        self, req: Request, t: _Tracked, token: int, matcher_advanced: bool = False, last: bool = True
+    ) -> None:
         params = req.params
         if t.matcher is not None and not matcher_advanced and not t.matcher.accept_token(token):
             self._finish(req, "abort", error=f"token {token} rejected by the grammar")
@@ -532,7 +535,7 @@ class Engine:
             return
         req.output_ids.append(token)
         t.detok.add(req.output_ids)
-        if t.detok.stopped or (t.matcher is not None and t.matcher.is_terminated()):
+        if t.detok.stopped or (last and t.matcher is not None and t.matcher.is_terminated()):
             self._finish(req, "stop")
         elif len(req.output_ids) >= params.max_new_tokens or req.seq_len >= self.max_model_len:
             self._finish(req, "length")

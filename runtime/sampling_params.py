@@ -30,6 +30,7 @@ class SamplingParams:
     logprobs: bool = False  # logprob of each chosen token
     top_logprobs: int = 0  # also the k most likely tokens at each step
     prompt_logprobs: bool = False  # logprob of each prompt token given what precedes it
+    logprob_start_len: int = 0  # first prompt position whose logprob is wanted
     skip_special_tokens: bool = True
     constraint: Any = None
     speculation: bool = True  # allow speculative drafts for this request
@@ -60,6 +61,8 @@ class SamplingParams:
             raise bad(f"min_p must be in [0, 1], got {self.min_p!r}")
         if not isinstance(self.top_logprobs, int) or not 0 <= self.top_logprobs <= 20:
             raise bad(f"top_logprobs must be an integer in [0, 20], got {self.top_logprobs!r}")
+        if not isinstance(self.logprob_start_len, int) or self.logprob_start_len < 0:
+            raise bad(f"logprob_start_len must be an integer >= 0, got {self.logprob_start_len!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise bad(f"seed must be an integer or None, got {self.seed!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):

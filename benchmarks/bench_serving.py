@@ -1,0 +1,348 @@
+"""Online serving benchmark: Poisson arrivals over mixed buckets against any
+OpenAI-compatible server (``--base-url``), streaming every request.
+
+Buckets: short/long input × short/long output (``/completions``, EOS ignored so output
+lengths are exact), and ``multi_turn``: conversations over ``/chat/completions`` that
+share one long system prompt and grow turn by turn (prefix-cache reuse). Requests
+arrive as a Poisson process at ``--rate`` per second (a conversation arrives once and
+then runs its turns back to back). Per bucket: TTFT, ITL and end-to-end p50/p95/p99 and
+output tokens/s; overall throughput. Baseline, measured in the same run: the same
+requests (other words, so no prefix-cache hits from the online run) sent one at a time
+(``--no-baseline`` skips it). Saves
+``benchmarks/results/<name>.json`` and a latency CDF plot ``<name>_cdf.png``.
+
+    arbor serve --model default --port 30000 --max-prefill-tokens 256 &
+    .venv/bin/python benchmarks/bench_serving.py --base-url http://127.0.0.1:30000/v1 \
+        --rate 0.5 --num-requests 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, load_average, reproduce_line, save_result  # noqa: E402
+
+WORDS = [
+    "harbour", "town", "history", "fishermen", "settled", "bay", "traded", "salt",
+    "grain", "timber", "coast", "river", "market", "bridge", "winter", "summer",
+    "lantern", "keeper", "island", "storm", "sailor", "merchant", "ledger", "village",
+    "mill", "orchard", "road", "stone", "tower", "bell", "festival", "garden", "library",
+]
+BUCKETS = ("short_in/short_out", "short_in/long_out", "long_in/short_out", "long_in/long_out",
+           "multi_turn")
+
+
+@dataclass(frozen=True)
+class Workload:
+    short_input: int  # words (~1.3 tokens each)
+    long_input: int
+    short_output: int  # tokens
+    long_output: int
+    turns: int  # turns per multi-turn conversation
+    system_words: int  # shared system prompt of the multi-turn bucket
+
+
+@dataclass
+class Sample:
+    """One finished (or failed) request, timed on the client."""
+
+    bucket: str
+    ttft: float | None = None
+    itl: list[float] = field(default_factory=list)
+    e2e: float | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    """A unit of arrival: one request, or one conversation of several turns."""
+
+    bucket: str
+    prompt: str  # the request's prompt, or the conversation's first user message
+    max_tokens: int
+
+
+def words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def make_jobs(num: int, load: Workload, seed: int, buckets: list[str]) -> list[Job]:
+    rng = random.Random(seed)
+    sizes = {"short_in": load.short_input, "long_in": load.long_input,
+             "short_out": load.short_output, "long_out": load.long_output}
+    jobs = []
+    for i in range(num):
+        bucket = buckets[i % len(buckets)]
+        if bucket == "multi_turn":
+            jobs.append(Job(bucket, words(rng, load.short_input), load.short_output))
+        else:
+            inp, out = bucket.split("/")
+            jobs.append(Job(bucket, words(rng, sizes[inp]), sizes[out]))
+    rng.shuffle(jobs)
+    return jobs
+
+
+class Client:
+    """Streams one request and times its chunks."""
+
+    def __init__(self, http: httpx.AsyncClient, model: str, ignore_eos: bool, system: str) -> None:
+        self.http = http
+        self.model = model
+        self.ignore_eos = ignore_eos
+        self.system = system
+
+    async def completion(self, job: Job) -> Sample:
+        body = {"prompt": job.prompt, "max_tokens": job.max_tokens}
+        return await self._stream("/completions", body, job.bucket, lambda c: c.get("text"))
+
+    async def conversation(self, job: Job, turns: int) -> list[Sample]:
+        messages: list[dict[str, str]] = [{"role": "system", "content": self.system}]
+        samples = []
+        for turn in range(turns):
+            messages.append({"role": "user", "content": f"Turn {turn}: {job.prompt}"})
+            pieces: list[str] = []
+            body = {"messages": messages, "max_tokens": job.max_tokens}
+            sample = await self._stream("/chat/completions", body, job.bucket,
+                                        lambda c: (c.get("delta") or {}).get("content"), pieces)
+            samples.append(sample)
+            if sample.error is not None:
+                break
+            messages.append({"role": "assistant", "content": "".join(pieces)})
+        return samples
+
+    async def _stream(self, path: str, body: dict[str, Any], bucket: str, text_of: Any,
+                      pieces: list[str] | None = None) -> Sample:
+        body = {**body, "model": self.model, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}}
+        if self.ignore_eos:
+            body["ignore_eos"] = True
+        sample = Sample(bucket)
+        start = last = time.perf_counter()
+        try:
+            async with self.http.stream("POST", path, json=body) as r:
+                if r.status_code != 200:
+                    sample.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                    return sample
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        sample.error = str(chunk["error"])
+                        return sample
+                    if chunk.get("usage"):
+                        sample.prompt_tokens = chunk["usage"]["prompt_tokens"]
+                        sample.output_tokens = chunk["usage"]["completion_tokens"]
+                    text = "".join(text_of(c) or "" for c in chunk.get("choices", []))
+                    if not text:
+                        continue
+                    now = time.perf_counter()
+                    if sample.ttft is None:
+                        sample.ttft = now - start
+                    else:
+                        sample.itl.append(now - last)
+                    last = now
+                    if pieces is not None:
+                        pieces.append(text)
+        except httpx.HTTPError as exc:
+            sample.error = f"{type(exc).__name__}: {exc}"
+            return sample
+        sample.e2e = time.perf_counter() - start
+        return sample
+
+
+def workload(http: httpx.AsyncClient, model: str, args: argparse.Namespace, load: Workload,
+             buckets: list[str], seed: int) -> tuple[Client, list[Job], int, int]:
+    """A client (with its conversations' shared system prompt) and the jobs for ``seed``."""
+    system = "You are a careful assistant. Background: " + words(random.Random(seed + 7), load.system_words)
+    client = Client(http, model, args.ignore_eos, system)
+    return client, make_jobs(args.num_requests, load, seed, buckets), load.turns, seed
+
+
+async def run_jobs(client: Client, jobs: list[Job], turns: int, seed: int,
+                   rate: float | None) -> tuple[list[Sample], float]:
+    """Send ``jobs`` at Poisson arrivals of ``rate`` per second (None: one at a time)."""
+    rng = random.Random(seed + 1)
+    samples: list[Sample] = []
+
+    async def one(job: Job, delay: float) -> None:
+        await asyncio.sleep(delay)
+        if job.bucket == "multi_turn":
+            samples.extend(await client.conversation(job, turns))
+        else:
+            samples.append(await client.completion(job))
+
+    start = time.perf_counter()
+    if rate is None:
+        for job in jobs:
+            await one(job, 0.0)
+    else:
+        arrivals, t = [], 0.0
+        for _ in jobs:
+            t += rng.expovariate(rate)
+            arrivals.append(t)
+        await asyncio.gather(*(one(j, a) for j, a in zip(jobs, arrivals, strict=True)))
+    return samples, time.perf_counter() - start
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p95": None, "p99": None}
+    p = np.percentile(np.array(values) * 1000.0, [50, 95, 99])
+    return {"p50": round(float(p[0]), 2), "p95": round(float(p[1]), 2), "p99": round(float(p[2]), 2)}
+
+
+def summarize(samples: list[Sample], duration: float) -> dict[str, Any]:
+    """Throughput over the run and latencies (ms) per bucket and overall."""
+    ok = [s for s in samples if s.error is None]
+    out_tokens = sum(s.output_tokens for s in ok)
+    summary: dict[str, Any] = {
+        "duration_s": round(duration, 2), "num_requests": len(samples), "num_ok": len(ok),
+        "errors": [s.error for s in samples if s.error is not None][:5],
+        "request_throughput": round(len(ok) / duration, 3),
+        "output_token_throughput": round(out_tokens / duration, 2),
+        "total_token_throughput": round((out_tokens + sum(s.prompt_tokens for s in ok)) / duration, 2),
+        "buckets": {},
+    }
+    groups = {b: [s for s in ok if s.bucket == b] for b in BUCKETS}
+    groups["all"] = ok
+    for bucket, group in groups.items():
+        if not group:
+            continue
+        decode_time = sum(sum(s.itl) for s in group)
+        summary["buckets"][bucket] = {
+            "count": len(group),
+            "mean_prompt_tokens": round(sum(s.prompt_tokens for s in group) / len(group), 1),
+            "mean_output_tokens": round(sum(s.output_tokens for s in group) / len(group), 1),
+            "ttft_ms": percentiles([s.ttft for s in group if s.ttft is not None]),
+            "itl_ms": percentiles([x for s in group for x in s.itl]),
+            "e2e_ms": percentiles([s.e2e for s in group if s.e2e is not None]),
+            "decode_tokens_per_s": round(sum(len(s.itl) for s in group) / decode_time, 2) if decode_time else None,
+        }
+    return summary
+
+
+def print_summary(title: str, summary: dict[str, Any]) -> None:
+    print(f"\n== {title}: {summary['num_ok']}/{summary['num_requests']} ok in {summary['duration_s']} s; "
+          f"{summary['request_throughput']} req/s, {summary['output_token_throughput']} output tok/s, "
+          f"{summary['total_token_throughput']} total tok/s")
+    header = f"{'bucket':<20}{'n':>4}{'in':>7}{'out':>6}" + "".join(
+        f"{m + ' ' + p:>13}" for m in ("TTFT", "ITL", "E2E") for p in ("p50", "p95", "p99"))
+    print(header + "   (ms)")
+    for bucket, b in summary["buckets"].items():
+        cells = [b[k][p] for k in ("ttft_ms", "itl_ms", "e2e_ms") for p in ("p50", "p95", "p99")]
+        print(f"{bucket:<20}{b['count']:>4}{b['mean_prompt_tokens']:>7.0f}{b['mean_output_tokens']:>6.0f}"
+              + "".join(f"{c if c is not None else '-':>13}" for c in cells))
+    for error in summary["errors"]:
+        print("  error:", error)
+
+
+def plot_cdf(samples: list[Sample], path: Path, title: str) -> Path | None:
+    """TTFT, ITL and E2E latency CDFs per bucket, as a PNG (None without matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import NullFormatter
+    except ImportError:
+        print("matplotlib is not installed: no CDF plot")
+        return None
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    metrics = {"TTFT": lambda s: [s.ttft] if s.ttft is not None else [], "ITL": lambda s: s.itl,
+               "E2E": lambda s: [s.e2e] if s.e2e is not None else []}
+    for ax, (name, pick) in zip(axes, metrics.items(), strict=True):
+        for bucket in BUCKETS:
+            values = sorted(v * 1000 for s in samples if s.bucket == bucket and s.error is None for v in pick(s))
+            if values:
+                ax.step(values, np.arange(1, len(values) + 1) / len(values), where="post", label=bucket)
+        ax.set(title=f"{name} CDF", xlabel="ms", ylabel="fraction of samples")
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--base-url", default="http://127.0.0.1:30000/v1", help="OpenAI-compatible base URL")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--model", default=None, help="model id (default: the first of /models)")
+    p.add_argument("--rate", type=float, default=1.0, help="arrivals per second (Poisson)")
+    p.add_argument("--num-requests", type=int, default=40, help="arrivals (a conversation counts once)")
+    p.add_argument("--buckets", default=",".join(BUCKETS))
+    p.add_argument("--short-input", type=int, default=24, help="words")
+    p.add_argument("--long-input", type=int, default=400, help="words")
+    p.add_argument("--short-output", type=int, default=16, help="tokens")
+    p.add_argument("--long-output", type=int, default=96, help="tokens")
+    p.add_argument("--turns", type=int, default=3)
+    p.add_argument("--system-words", type=int, default=300)
+    p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
+                   help="send ignore_eos so output lengths are exact (an Arbor/vLLM/SGLang extension)")
+    p.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
+                   help="also send the same requests one at a time (the baseline)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--name", default="bench_serving")
+    p.add_argument("--timeout", type=float, default=600.0)
+    return p.parse_args(argv)
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
+    load = Workload(args.short_input, args.long_input, args.short_output, args.long_output,
+                    args.turns, args.system_words)
+    buckets = [b for b in args.buckets.split(",") if b]
+    async with httpx.AsyncClient(base_url=args.base_url.rstrip("/"), headers=headers,
+                                 timeout=args.timeout, limits=limits) as http:
+        model = args.model or (await http.get("/models")).json()["data"][0]["id"]
+        await Client(http, model, args.ignore_eos, "").completion(Job("warmup", "warm up", 2))
+        online, online_s = await run_jobs(*workload(http, model, args, load, buckets, args.seed), args.rate)
+        baseline = None
+        if args.baseline:  # NOTE: other words, so it gets no prefix-cache hits from the online run
+            baseline = await run_jobs(*workload(http, model, args, load, buckets, args.seed + 1000), None)
+    result: dict[str, Any] = {"command": reproduce_line(), "base_url": args.base_url, "model": model,
+                              "rate": args.rate, "workload": load.__dict__,
+                              "online": summarize(online, online_s)}
+    print_summary(f"online, Poisson rate {args.rate}/s", result["online"])
+    if baseline is not None:
+        result["baseline_sequential"] = summarize(*baseline)
+        print_summary("baseline: same requests one at a time", result["baseline_sequential"])
+        ratio = result["online"]["output_token_throughput"] / max(1e-9, result["baseline_sequential"]["output_token_throughput"])
+        result["throughput_vs_baseline"] = round(ratio, 2)
+        print(f"\noutput token throughput, online vs sequential baseline: {ratio:.2f}x")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    png = plot_cdf(online, RESULTS / f"{args.name}_cdf.png", f"{model} at {args.rate} req/s")
+    result["cdf_png"] = str(png) if png else None
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    print(reproduce_line(), f"(load average {load_average()})")
+    result = asyncio.run(main_async(args))
+    path = save_result(args.name, result)
+    print(f"saved {path}" + (f" and {result['cdf_png']}" if result["cdf_png"] else ""))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""``create_app``: the FastAPI app around one engine.
+
+The app only translates between wire schemas (``protocol.py``) and engine requests; the
+engine's own background thread runs every step. Middleware, outermost first: body size
+limit (413), API key (401, all routes but ``/health``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import Response
+
+from runtime.engine import Engine
+from runtime.server import native_api, openai_api, programs_api
+from runtime.server.auth import ApiKeyMiddleware
+from runtime.server.errors import install_error_handlers
+from runtime.server.limits import AdmissionGate, BodyLimitMiddleware, ServerLimits
+from runtime.server.metrics import ServerMetrics
+from runtime.server.serving import ServerContext
+
+
+def create_app(
+    engine: Engine,
+    programs: dict[str, Any] | None = None,
+    api_key: str | None = None,
+    limits: ServerLimits | None = None,
+    model_name: str | None = None,
+) -> FastAPI:
+    """Build the HTTP app for ``engine``.
+
+    Args:
+        engine: the one engine every route drives (not closed by the app).
+        programs: ``@program`` objects by name (``programs_api.load_programs``); the only
+            programs clients can run.
+        api_key: when set, every route but ``/health`` needs ``Authorization: Bearer <key>``.
+        limits: body size, token caps, timeouts and queue bounds (defaults: ``ServerLimits()``).
+        model_name: the id served by ``/v1/models`` (default: the engine's model setting).
+    """
+    limits = limits or ServerLimits()
+    gate = AdmissionGate(limits)
+    metrics = ServerMetrics(engine.metrics, lambda: {"requests_inflight": gate.num_inflight,
+                                                     "requests_waiting_first_token": gate.num_waiting})
+    ctx = ServerContext(engine, model_name or engine.config.model, limits, gate, metrics,
+                        dict(programs or {}))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        gate.closing = True  # refuse new work (503) while uvicorn drains
+
+    app = FastAPI(title="Arbor", lifespan=lifespan)
+    app.state.ctx = ctx
+    install_error_handlers(app, ctx)
+    app.include_router(native_api.build_router(ctx))
+    app.include_router(openai_api.build_router(ctx))
+    app.include_router(programs_api.build_router(ctx))
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": ctx.model_name, "requests_inflight": gate.num_inflight}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes)
+    return app
+
+

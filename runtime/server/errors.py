@@ -1,0 +1,121 @@
+"""Exceptions → HTTP answers, in one table. Every error is JSON ``{"error": {...}}``.
+
+    InvalidRequestError, PromptTooLongError, ConstraintError  → 400
+    pydantic / FastAPI validation (wrong types, malformed JSON) → 422 (400 for bad JSON)
+    ProgramNotFoundError                                      → 404
+    GenerationFailedError, ProgramRunFailedError              → 500
+    Overloaded                                                → 429 / 503
+    EngineClosedError                                         → 503
+    RequestTimeoutError                                       → 504
+    ClientGoneError                                           → 499 (nobody reads it)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+
+from runtime.errors import EngineClosedError, InvalidRequestError, PromptTooLongError
+from runtime.server.limits import Overloaded, error_body
+from runtime.server.serving import ClientGoneError, RequestTimeoutError, ServerContext
+
+log = logging.getLogger("arbor.server")
+
+
+class ProgramNotFoundError(LookupError):
+    """No program of that name was registered when the server started."""
+
+
+class ProgramRunFailedError(Exception):
+    """A program raised, or one of its generations failed (the message says which)."""
+
+
+class GenerationFailedError(Exception):
+    """The engine finished the request with an error (``RequestOutput.error``)."""
+
+
+def _constraint_error() -> type[Exception]:
+    try:
+        from grammars import ConstraintError
+    except ImportError:  # grammars not installed: nothing raises it
+        return InvalidRequestError
+    return ConstraintError
+
+
+def classify(exc: BaseException) -> tuple[int, str]:
+    """(HTTP status, error kind) of an exception raised while serving a request."""
+    for cls, status, kind in _table():
+        if isinstance(exc, cls):
+            if isinstance(exc, Overloaded):
+                return exc.status, "rate_limit_error" if exc.status == 429 else "service_unavailable"
+            return status, kind
+    return 500, "internal_error"
+
+
+def _table() -> list[tuple[type[Exception], int, str]]:
+    return [
+        (Overloaded, 429, "rate_limit_error"),
+        (PromptTooLongError, 400, "context_length_exceeded"),
+        (InvalidRequestError, 400, "invalid_request_error"),
+        (_constraint_error(), 400, "invalid_constraint"),
+        (ProgramNotFoundError, 404, "not_found_error"),
+        (EngineClosedError, 503, "service_unavailable"),
+        (RequestTimeoutError, 504, "timeout"),
+        (ClientGoneError, 499, "client_closed_request"),
+        (GenerationFailedError, 500, "generation_failed"),
+        (ProgramRunFailedError, 500, "program_failed"),
+    ]
+
+
+def install_error_handlers(app: FastAPI, ctx: ServerContext) -> None:
+    """Register the table above on ``app``; every error is also counted by kind."""
+
+    def answer(status: int, kind: str, message: str) -> JSONResponse:
+        ctx.metrics.errors.labels(kind).inc()
+        return JSONResponse(error_body(message, kind, status), status_code=status)
+
+    async def on_known(request: Request, exc: Exception) -> JSONResponse:
+        status, kind = classify(exc)
+        if status == 500:
+            log.exception("request %s failed", request.url.path, exc_info=exc)
+        return answer(status, kind, str(exc) or type(exc).__name__)
+
+    async def on_validation(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        errors = exc.errors()
+        if any(e.get("type") == "json_invalid" for e in errors):
+            return answer(400, "invalid_json", f"malformed JSON body: {_describe(errors)}")
+        return answer(422, "validation_error", _describe(errors))
+
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, HTTPException)
+        return answer(exc.status_code, "http_error", str(exc.detail))
+
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(HTTPException, on_http)
+    for cls, _, _ in _table():
+        app.add_exception_handler(cls, on_known)
+
+
+def _describe(errors: Any) -> str:
+    """``loc: msg`` for each pydantic error, joined."""
+    parts = []
+    for e in errors:
+        loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
+        parts.append(f"{loc or 'body'}: {e.get('msg', 'invalid')}")
+    return "; ".join(parts)
+
+
+def stream_error_event(exc: BaseException, ctx: ServerContext) -> dict[str, Any]:
+    """The SSE payload sent when a stream fails after its first byte."""
+    status, kind = classify(exc)
+    ctx.metrics.errors.labels(kind).inc()
+    if status == 500:
+        log.error("stream failed: %r", exc)
+    return error_body(str(exc) or type(exc).__name__, kind, status)

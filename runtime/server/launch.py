@@ -1,0 +1,64 @@
+"""``arbor serve``: load the engine and the programs, then run the app on uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from runtime.server.limits import ServerLimits
+
+log = logging.getLogger("arbor.server")
+
+
+def add_server_flags(parser: argparse.ArgumentParser) -> None:
+    """Transport flags of ``arbor serve`` (engine settings are added separately)."""
+    group = parser.add_argument_group("server settings")
+    group.add_argument("--host", default="127.0.0.1")
+    group.add_argument("--port", type=int, default=30000)
+    group.add_argument("--api-key", default=None,
+                       help="require 'Authorization: Bearer <key>' on every route but /health")
+    group.add_argument("--programs", default=None,
+                       help="Python file whose @program objects clients may run")
+    group.add_argument("--served-model-name", default=None, help="id shown by /v1/models")
+    group.add_argument("--log-level", default="info")
+    group.add_argument("--timeout-keep-alive", type=int, default=5,
+                       help="seconds an idle HTTP connection stays open")
+    defaults = ServerLimits()
+    group.add_argument("--max-inflight", type=int, default=defaults.max_inflight)
+    group.add_argument("--max-waiting", type=int, default=defaults.max_waiting)
+    group.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes)
+    group.add_argument("--max-tokens-limit", type=int, default=defaults.max_tokens,
+                       help="cap on the tokens one request may ask for")
+    group.add_argument("--default-max-tokens", type=int, default=defaults.default_max_tokens)
+    group.add_argument("--request-timeout", type=float, default=defaults.request_timeout_s)
+
+
+def limits_from_args(args: argparse.Namespace) -> ServerLimits:
+    return ServerLimits(max_inflight=args.max_inflight, max_waiting=args.max_waiting,
+                        max_body_bytes=args.max_body_bytes, max_tokens=args.max_tokens_limit,
+                        default_max_tokens=args.default_max_tokens,
+                        request_timeout_s=args.request_timeout, program_timeout_s=args.request_timeout)
+
+
+def serve(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> int:
+    """Build the engine and the app from parsed flags and serve until interrupted."""
+    import uvicorn
+
+    from runtime import Engine
+    from runtime.server.app import create_app
+    from runtime.server.programs_api import load_programs
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    programs = load_programs(args.programs) if args.programs else {}
+    engine = Engine(**engine_kwargs)
+    app = create_app(engine, programs=programs, api_key=args.api_key,
+                     limits=limits_from_args(args), model_name=args.served_model_name)
+    log.info("serving %s on http://%s:%d (%d programs)", engine.config.model, args.host,
+             args.port, len(programs))
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
+                    timeout_keep_alive=args.timeout_keep_alive, timeout_graceful_shutdown=5)
+    finally:
+        engine.close()
+    return 0

@@ -1,0 +1,139 @@
+"""Server-side safety limits: body size, token caps, timeouts and the bounded queue.
+
+The server counts the requests it has in flight (admitted, not yet answered). Beyond
+``max_inflight`` a new request is refused with 429 at once; when too many admitted
+requests are still waiting for their first token (``max_waiting``: the engine is
+overloaded) or the engine is closing, the answer is 503. Nothing queues without bound.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from runtime.errors import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Every limit the server enforces. Construct once; never mutated afterwards."""
+
+    max_inflight: int = 256  # requests admitted at once (streams and programs included); beyond: 429
+    max_waiting: int = 1024  # admitted requests still without a first token; beyond: 503
+    max_body_bytes: int = 4 * 1024 * 1024  # request body size; beyond: 413
+    max_tokens: int = 4096  # cap on max_tokens / max_new_tokens of one request
+    default_max_tokens: int = 256  # OpenAI chat requests without max_tokens
+    max_n: int = 16  # choices per OpenAI request
+    request_timeout_s: float | None = 600.0  # per-request deadline (a request may ask for less)
+    program_timeout_s: float | None = 600.0  # deadline of one program run
+
+    def __post_init__(self) -> None:
+        for name in ("max_inflight", "max_waiting", "max_body_bytes", "max_tokens",
+                     "default_max_tokens", "max_n"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise InvalidRequestError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("request_timeout_s", "program_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise InvalidRequestError(f"{name} must be > 0 or None, got {value!r}")
+
+    def deadline(self, asked: float | None) -> float | None:
+        """The timeout of one request: what it asked for, never beyond the server's."""
+        if asked is None:
+            return self.request_timeout_s
+        return asked if self.request_timeout_s is None else min(asked, self.request_timeout_s)
+
+
+class Overloaded(Exception):
+    """The server refuses new work; ``status`` is 429 (too many in flight) or 503."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class AdmissionGate:
+    """Counts requests in flight and those still waiting for their first token.
+
+    Only touched from the server's event loop thread, so plain integers suffice.
+    """
+
+    def __init__(self, limits: ServerLimits) -> None:
+        self.limits = limits
+        self.num_inflight = 0
+        self.num_waiting = 0
+        self.closing = False
+
+    def admit(self) -> None:
+        """Take one in-flight slot or raise ``Overloaded``; pair with ``release``."""
+        if self.closing:
+            raise Overloaded(503, "the server is shutting down")
+        if self.num_waiting >= self.limits.max_waiting:
+            raise Overloaded(503, f"the engine is overloaded ({self.num_waiting} requests "
+                                  "waiting for their first token); retry later")
+        if self.num_inflight >= self.limits.max_inflight:
+            raise Overloaded(429, f"too many requests in flight (limit {self.limits.max_inflight}); "
+                                  "retry later")
+        self.num_inflight += 1
+
+    def release(self) -> None:
+        self.num_inflight -= 1
+
+
+class BodyLimitMiddleware:
+    """Answers 413 for a body over ``max_bytes``, declared (Content-Length) or streamed.
+
+    The body is read here, up to the limit, before the app sees it, then replayed; later
+    ``receive`` calls (disconnect detection) go straight through.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await send_error(send, 413, self._message(), "request_too_large")
+            return
+        buffered: list[Message] = []
+        received = 0
+        while not buffered or buffered[-1].get("more_body", False):
+            message = await receive()
+            buffered.append(message)
+            if message["type"] != "http.request":
+                break  # disconnected: let the app see it
+            received += len(message.get("body", b""))
+            if received > self.max_bytes:
+                await send_error(send, 413, self._message(), "request_too_large")
+                return
+
+        async def replay() -> Message:
+            return buffered.pop(0) if buffered else await receive()
+
+        await self.app(scope, replay, send)
+
+    def _message(self) -> str:
+        return f"request body exceeds {self.max_bytes} bytes"
+
+
+async def send_error(send: Send, status: int, message: str, kind: str,
+                     headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    """A JSON error answer in the OpenAI shape, sent from ASGI middleware."""
+    body = json.dumps(error_body(message, kind, status)).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()), *(headers or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def error_body(message: str, kind: str, status: int) -> dict[str, Any]:
+    """``{"error": {"message", "type", "code"}}`` — what OpenAI clients expect."""
+    return {"error": {"message": message, "type": kind, "code": status}}

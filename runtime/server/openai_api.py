@@ -1,0 +1,43 @@
+"""OpenAI-compatible endpoints: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``.
+
+Each request becomes ``n`` engine requests per prompt (choice ``i`` gets seed ``seed + i``
+so seeded choices differ yet reproduce). Penalties, ``logit_bias``, ``echo``, ``best_of``
+and ``suffix`` are refused with 400. See ``openai_completions.py`` and ``openai_chat.py``.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from runtime.server.openai_chat import ChatEndpoint, parse_tool_call, tool_call_schema
+from runtime.server.openai_completions import CompletionEndpoint
+from runtime.server.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+)
+from runtime.server.serving import ServerContext
+from runtime.server.sse import EventStreamResponse
+
+__all__ = ["build_router", "parse_tool_call", "tool_call_schema"]
+
+
+def build_router(ctx: ServerContext) -> APIRouter:
+    router = APIRouter(prefix="/v1")
+
+    @router.get("/models")
+    async def models() -> ModelList:
+        return ModelList(data=[ModelCard(id=ctx.model_name, max_model_len=ctx.engine.max_model_len)])
+
+    @router.post("/completions", response_model=None)
+    async def completions(body: CompletionRequest, request: Request) -> CompletionResponse | EventStreamResponse:
+        return await CompletionEndpoint(ctx, body).serve(request)
+
+    @router.post("/chat/completions", response_model=None)
+    async def chat(body: ChatCompletionRequest, request: Request) -> ChatCompletionResponse | EventStreamResponse:
+        return await ChatEndpoint(ctx, body).serve(request)
+
+    return router

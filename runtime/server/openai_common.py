@@ -1,0 +1,162 @@
+"""What ``/v1/completions`` and ``/v1/chat/completions`` share: sampling parameters and
+up-front checks, admission, the merge of ``n`` streams, SSE framing and usage."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+
+from runtime.errors import InvalidRequestError
+from runtime.outputs import RequestOutput
+from runtime.sampling_params import SamplingParams
+from runtime.server import constraints
+from runtime.server.errors import GenerationFailedError, stream_error_event
+from runtime.server.protocol import ResponseFormat, SamplingExtras, Usage
+from runtime.server.serving import (
+    EngineStream,
+    ServerContext,
+    StreamGroup,
+    check_budget,
+    collect,
+    new_id,
+    until_disconnect,
+)
+from runtime.server.sse import SSE_DONE, EventStreamResponse, sse
+
+Job = tuple[list[int], SamplingParams]
+
+
+class Endpoint:
+    """What completions and chat share: params, admission, streaming merge, usage."""
+
+    name = "openai"
+
+    def __init__(self, ctx: ServerContext, body: SamplingExtras) -> None:
+        self.ctx = ctx
+        self.body = body
+        self.id = new_id("cmpl")
+        self.model = body.model or ctx.model_name
+        _refuse_unsupported(body)
+        if body.n > ctx.limits.max_n:
+            raise InvalidRequestError(f"n is {body.n}; this server allows at most {ctx.limits.max_n}")
+
+    def params(self, prompt_len: int, index: int, max_tokens: int | None, constraint: Any,
+               logprobs: bool, top_logprobs: int) -> SamplingParams:
+        """The engine params of choice ``index``, after the up-front length checks."""
+        b, limits, engine = self.body, self.ctx.limits, self.ctx.engine
+        if max_tokens is None:  # as much as fits, up to the server default
+            max_tokens = max(1, min(limits.default_max_tokens, engine.max_model_len - prompt_len))
+        check_budget(engine, limits, prompt_len, max_tokens)
+        stop = (b.stop,) if isinstance(b.stop, str) else tuple(b.stop or ())
+        return SamplingParams(
+            max_new_tokens=max_tokens, temperature=b.temperature, top_p=b.top_p, top_k=b.top_k,
+            min_p=b.min_p, seed=None if b.seed is None else b.seed + index, stop=stop,
+            stop_token_ids=tuple(b.stop_token_ids or ()), ignore_eos=b.ignore_eos,
+            logprobs=logprobs, top_logprobs=top_logprobs, constraint=constraint)
+
+    def group(self, jobs: list[Job]) -> StreamGroup:
+        return StreamGroup(self.ctx, self.name, jobs, self.ctx.limits.deadline(self.body.timeout))
+
+    async def finals(self, request: Request, jobs: list[Job]) -> list[RequestOutput]:
+        """Run every job to completion (aborted if the client leaves)."""
+        async with self.group(jobs) as streams:
+            outs = await until_disconnect(request, asyncio.gather(*(collect(s) for s in streams)))
+        for out in outs:
+            _raise_if_failed(out)
+        self.ctx.metrics.requests.labels(self.name, "200").inc()
+        return list(outs)
+
+    async def stream(self, jobs: list[Job]) -> EventStreamResponse:
+        group = self.group(jobs)
+        streams = await group.open()  # 4xx / 429 / 503 before the first byte
+        return EventStreamResponse(self._events(streams), group.close)
+
+    async def _events(self, streams: list[EngineStream]) -> AsyncIterator[str]:
+        finals: dict[int, RequestOutput] = {}
+        try:
+            async for index, out in _merge(streams):
+                _raise_if_failed(out)
+                for payload in self.chunks(index, out):
+                    yield sse(payload)
+                if out.finished:
+                    finals[index] = out
+            if self.body.stream_options is not None and self.body.stream_options.include_usage:
+                yield sse(self.usage_chunk([finals[i] for i in sorted(finals)]))
+            self.ctx.metrics.requests.labels(self.name + "_stream", "200").inc()
+        except Exception as exc:  # the status line is gone: report in-band
+            yield sse(stream_error_event(exc, self.ctx))
+        yield SSE_DONE
+
+    def chunks(self, index: int, out: RequestOutput) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def usage_chunk(self, finals: list[RequestOutput]) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+def _refuse_unsupported(b: SamplingExtras) -> None:
+    if b.presence_penalty or b.frequency_penalty:
+        raise InvalidRequestError("presence_penalty and frequency_penalty are not supported")
+    if b.logit_bias:
+        raise InvalidRequestError("logit_bias is not supported")
+
+
+def _raise_if_failed(out: RequestOutput) -> None:
+    if out.error is not None:
+        raise GenerationFailedError(f"generation failed: {out.error}")
+
+
+async def _merge(streams: list[EngineStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Outputs of several streams as they come, tagged with the stream's index."""
+    if len(streams) == 1:
+        async for out in streams[0]:
+            yield 0, out
+        return
+    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException]] = asyncio.Queue()
+
+    async def pump(i: int, stream: EngineStream) -> None:
+        try:
+            async for out in stream:
+                queue.put_nowait((i, out))
+        except Exception as exc:
+            queue.put_nowait((i, exc))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(streams)
+        while remaining:
+            i, item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            remaining -= item.finished
+            yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def usage(prompt_lens: list[int], finals: list[RequestOutput]) -> Usage:
+    """Token counts; each prompt counts once however many choices (``finals`` in job
+    order: the choices of prompt ``i`` are ``finals[i * n : (i + 1) * n]``)."""
+    n = max(1, len(finals) // max(1, len(prompt_lens)))
+    prompt = sum(prompt_lens)
+    completion = sum(len(o.token_ids) for o in finals)
+    cached = sum(max(o.num_cached_tokens for o in finals[i * n:(i + 1) * n]) for i in range(len(prompt_lens)))
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                 prompt_tokens_details={"cached_tokens": cached})
+
+
+def response_constraint(fmt: ResponseFormat | None) -> Any:
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return constraints.json_schema({"type": "object"}, compact=True)
+    assert fmt.json_schema is not None
+    return constraints.json_schema(fmt.json_schema.schema_, compact=True)
+
+
+def token_text(tokenizer: Any, token_id: int) -> str:
+    return str(tokenizer.decode([token_id], skip_special_tokens=False))

@@ -1,0 +1,86 @@
+"""``/v1/completions``: text or token prompts, ``n`` choices each, legacy logprobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+
+from runtime.errors import InvalidRequestError
+from runtime.outputs import RequestOutput
+from runtime.server.openai_common import Endpoint, Job, response_constraint, token_text, usage
+from runtime.server.protocol import (
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+)
+from runtime.server.serving import ServerContext, encode_prompt
+from runtime.server.sse import EventStreamResponse
+
+
+class CompletionEndpoint(Endpoint):
+    name = "completions"
+
+    def __init__(self, ctx: ServerContext, body: CompletionRequest) -> None:
+        super().__init__(ctx, body)
+        self.req = body
+        if body.echo or (body.best_of or 1) > 1 or body.suffix:
+            raise InvalidRequestError("echo, best_of and suffix are not supported")
+        self.prompts = self._prompt_ids(body.prompt)
+        constraint = response_constraint(body.response_format)
+        k = body.logprobs or 0
+        self.jobs: list[Job] = [
+            (ids, self.params(len(ids), i * body.n + j, body.max_tokens, constraint,
+                              body.logprobs is not None, k))
+            for i, ids in enumerate(self.prompts) for j in range(body.n)]
+
+    def _prompt_ids(self, prompt: Any) -> list[list[int]]:
+        engine = self.ctx.engine
+        if isinstance(prompt, str):
+            return [encode_prompt(engine, prompt)]
+        if not prompt:
+            raise InvalidRequestError("the prompt is empty")
+        if all(isinstance(p, int) for p in prompt):
+            return [list(prompt)]
+        return [encode_prompt(engine, p) if isinstance(p, str) else list(p) for p in prompt]
+
+    async def serve(self, request: Request) -> CompletionResponse | EventStreamResponse:
+        if self.req.stream:
+            return await self.stream(self.jobs)
+        finals = await self.finals(request, self.jobs)
+        choices = [CompletionChoice(index=i, text=o.text, finish_reason=o.finish_reason,
+                                    logprobs=self._logprobs(o.token_ids, o))
+                   for i, o in enumerate(finals)]
+        return CompletionResponse(id=self.id, model=self.model, choices=choices,
+                                  usage=usage([len(p) for p in self.prompts], finals))
+
+    def chunks(self, index: int, out: RequestOutput) -> list[dict[str, Any]]:
+        choice = CompletionChoice(index=index, text=out.delta_text, finish_reason=out.finish_reason,
+                                  logprobs=self._logprobs(out.delta_token_ids, out))
+        chunk = CompletionResponse(id=self.id, model=self.model, choices=[choice])
+        return [chunk.model_dump(exclude_none=True)]
+
+    def usage_chunk(self, finals: list[RequestOutput]) -> dict[str, Any]:
+        chunk = CompletionResponse(id=self.id, model=self.model, choices=[],
+                                   usage=usage([len(p) for p in self.prompts], finals))
+        return chunk.model_dump(exclude_none=True)
+
+    def _logprobs(self, token_ids: list[int], out: RequestOutput) -> CompletionLogprobs | None:
+        """Legacy logprobs of ``token_ids`` (the last tokens of ``out``)."""
+        if self.req.logprobs is None or out.logprobs is None:
+            return None
+        tok = self.ctx.engine.tokenizer
+        n = len(token_ids)
+        lps = out.logprobs[len(out.token_ids) - n:] if n else []
+        tokens = [token_text(tok, t) for t in token_ids]
+        offsets, pos = [], len(out.text) - len(out.delta_text) if n != len(out.token_ids) else 0
+        for t in tokens:
+            offsets.append(pos)
+            pos += len(t)
+        top = None
+        if self.req.logprobs and out.top_logprobs is not None:
+            steps = out.top_logprobs[len(out.token_ids) - n:] if n else []
+            top = [{token_text(tok, i): lp for i, lp in step.items()} for step in steps]
+        return CompletionLogprobs(tokens=tokens, token_logprobs=list(lps), top_logprobs=top,
+                                  text_offset=offsets)

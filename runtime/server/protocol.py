@@ -1,0 +1,391 @@
+"""Wire schemas: the pydantic models of every request and response body.
+
+Native (``/generate``, tokenizer endpoints, programs) and OpenAI-compatible
+(``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``). Only shapes and types
+are checked here (a failure is a 422); value checks that the engine owns (temperature
+range, prompt length...) stay in the engine and come back as 400.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Strict(BaseModel):
+    """Unknown fields are an error (native API: typos must not pass silently)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Lenient(BaseModel):
+    """Unknown fields are ignored (OpenAI API: clients send fields we do not use)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+# ---- native ------------------------------------------------------------------------------
+
+
+class ConstraintSpec(Strict):
+    """Exactly one of: a JSON schema, a regex, a list of choices, a Lark grammar, a type."""
+
+    json_schema: dict[str, Any] | None = None
+    regex: str | None = None
+    choices: list[str] | None = None
+    grammar: str | None = None  # Lark grammar text
+    type: Literal["int", "float", "bool", "str"] | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ConstraintSpec:
+        given = [k for k in ("json_schema", "regex", "choices", "grammar", "type")
+                 if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"a constraint needs exactly one of json_schema, regex, choices, "
+                             f"grammar, type; got {given or 'none'}")
+        return self
+
+
+class NativeSamplingParams(Strict):
+    """``runtime.SamplingParams`` on the wire (same names, same defaults)."""
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+    prompt_logprobs: bool = False
+    logprob_start_len: int = Field(default=0, ge=0)  # first prompt position to score
+    skip_special_tokens: bool = True
+    speculation: bool = True
+    constraint: ConstraintSpec | None = None
+
+
+class GenerateRequest(Strict):
+    """``POST /generate``: one prompt, as text or token ids."""
+
+    text: str | None = None
+    input_ids: list[int] | None = None
+    sampling_params: NativeSamplingParams = Field(default_factory=lambda: NativeSamplingParams())
+    stream: bool = False
+    timeout: float | None = Field(default=None, gt=0, description="seconds; the server's limit caps it")
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> GenerateRequest:
+        if (self.text is None) == (self.input_ids is None):
+            raise ValueError("give exactly one of text or input_ids")
+        return self
+
+
+class GenerateMeta(BaseModel):
+    request_id: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    e2e_latency: float  # seconds, server side
+    logprobs: list[float] | None = None
+    top_logprobs: list[dict[str, float]] | None = None  # token id (as a string) → logprob
+    prompt_logprobs: list[float | None] | None = None
+
+
+class GenerateResponse(BaseModel):
+    text: str
+    output_ids: list[int]
+    finish_reason: str
+    meta: GenerateMeta
+
+
+class GenerateChunk(BaseModel):
+    """One SSE event of a streamed ``/generate``; the last has ``finish_reason`` and the
+    whole output (``text``, ``output_ids``, ``meta``)."""
+
+    delta_text: str
+    delta_token_ids: list[int]
+    finish_reason: str | None = None
+    text: str | None = None
+    output_ids: list[int] | None = None
+    meta: GenerateMeta | None = None
+
+
+class TokenizeRequest(Strict):
+    text: str
+    add_special_tokens: bool = False
+
+
+class TokenizeResponse(BaseModel):
+    input_ids: list[int]
+
+
+class DetokenizeRequest(Strict):
+    token_ids: list[int]
+    skip_special_tokens: bool = False
+
+
+class DetokenizeResponse(BaseModel):
+    text: str
+
+
+class ChatTemplateRequest(Strict):
+    messages: list[dict[str, Any]]
+    add_generation_prompt: bool = True
+
+
+class ChatTemplateResponse(BaseModel):
+    text: str
+
+
+class TokenizerInfo(BaseModel):
+    model: str
+    vocab_size: int
+    max_model_len: int
+    eos_token_ids: list[int]
+    bos_token_id: int | None
+    chat_template: str | None
+
+
+class ProgramInfo(BaseModel):
+    name: str
+    description: str
+    arguments_schema: dict[str, Any]
+
+
+class ProgramsResponse(BaseModel):
+    programs: list[ProgramInfo]
+
+
+class ProgramResult(BaseModel):
+    program: str
+    variables: dict[str, Any]
+    text: str
+    latency: float
+
+
+# ---- OpenAI-compatible -------------------------------------------------------------------
+
+
+class StreamOptions(Lenient):
+    include_usage: bool = False
+
+
+class SamplingExtras(Lenient):
+    """Fields shared by both OpenAI endpoints, with the vLLM/SGLang extensions."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=0)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = Field(default=1, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # extensions
+    top_k: int = 0
+    min_p: float = 0.0
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    timeout: float | None = Field(default=None, gt=0)
+
+
+class JsonSchemaFormat(Lenient):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(Lenient):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type json_schema needs a json_schema")
+        return self
+
+
+class CompletionRequest(SamplingExtras):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=0)
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+    response_format: ResponseFormat | None = None  # extension (as in vLLM)
+
+
+class FunctionDef(Lenient):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+class ChatTool(Lenient):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class NamedFunction(Lenient):
+    name: str
+
+
+class NamedToolChoice(Lenient):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class ToolCallFunction(Lenient):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCallOut(Lenient):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class ContentPart(Lenient):
+    type: str
+    text: str | None = None
+
+
+class ChatMessageIn(Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallOut] | None = None
+    tool_call_id: str | None = None
+
+
+class ChatCompletionRequest(SamplingExtras):
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=0)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    add_generation_prompt: bool = True  # extension
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: dict[str, int] | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: str | None
+    logprobs: CompletionLogprobs | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None
+
+
+class ChatMessageOut(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatMessageOut
+    finish_reason: str | None
+    logprobs: ChoiceLogprobs | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class DeltaToolCall(BaseModel):
+    index: int
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    finish_reason: str | None = None
+    logprobs: ChoiceLogprobs | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "arbor"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

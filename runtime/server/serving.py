@@ -1,0 +1,240 @@
+"""The one path from an HTTP request to the engine and back, shared by every endpoint.
+
+``ServerContext`` holds what the routes share (engine, limits, gate, metrics, programs).
+``Admission`` takes an in-flight slot for a whole HTTP request. ``EngineStream`` is one
+engine request seen as an async iterator of ``RequestOutput``: it applies the deadline,
+observes TTFT / ITL / end-to-end latency, and aborts the engine request when left early
+(client gone, timeout, error), so its KV pages go back to the pool on the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, TypeVar
+
+from starlette.requests import Request as HttpRequest
+
+from runtime.engine import Engine
+from runtime.errors import InvalidRequestError, PromptTooLongError
+from runtime.outputs import RequestOutput
+from runtime.sampling_params import SamplingParams
+from runtime.server.limits import AdmissionGate, ServerLimits
+from runtime.server.metrics import ServerMetrics
+
+T = TypeVar("T")
+
+
+@dataclass
+class ServerContext:
+    """Everything the routes of one app share; built once by ``create_app``."""
+
+    engine: Engine
+    model_name: str
+    limits: ServerLimits
+    gate: AdmissionGate
+    metrics: ServerMetrics
+    programs: dict[str, Any] = field(default_factory=dict)  # name → frontend_dsl.Program
+
+
+class RequestTimeoutError(Exception):
+    """The request ran past its deadline; it was aborted (HTTP 504)."""
+
+
+class ClientGoneError(Exception):
+    """The client disconnected before the answer was ready; the work was aborted."""
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def encode_prompt(engine: Engine, text: str) -> list[int]:
+    """Token ids of a prompt string, as ``Engine.add_request(prompt)`` would compute them."""
+    if not text:
+        raise InvalidRequestError("the prompt is empty")
+    ids: list[int] = engine.tokenizer(text, add_special_tokens=True)["input_ids"]
+    return ids
+
+
+def check_budget(engine: Engine, limits: ServerLimits, prompt_len: int, max_new_tokens: int) -> None:
+    """Refuse up front what can never be served: too many tokens asked, or no room left."""
+    if max_new_tokens > limits.max_tokens:
+        raise InvalidRequestError(f"max_tokens is {max_new_tokens}; this server allows at most "
+                                  f"{limits.max_tokens}")
+    if prompt_len + max_new_tokens > engine.max_model_len:
+        raise PromptTooLongError(
+            f"this model's maximum context length is {engine.max_model_len} tokens; the request "
+            f"has {prompt_len} prompt tokens and asks for {max_new_tokens} more")
+
+
+class Admission:
+    """``async with Admission(ctx):`` holds one in-flight slot for the block (429/503 if none)."""
+
+    def __init__(self, ctx: ServerContext) -> None:
+        self.gate = ctx.gate
+
+    async def __aenter__(self) -> Admission:
+        self.gate.admit()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.gate.release()
+
+
+class StreamGroup:
+    """One HTTP request's engine requests (``n`` choices): one in-flight slot, opened
+    together, closed together. ``close`` is idempotent, so both a stream body's ``finally``
+    and the response's own teardown may call it.
+    """
+
+    def __init__(self, ctx: ServerContext, endpoint: str,
+                 jobs: list[tuple[list[int], SamplingParams]], timeout_s: float | None) -> None:
+        self.ctx = ctx
+        self.streams = [EngineStream(ctx, endpoint, ids, p, timeout_s) for ids, p in jobs]
+        self.admitted = False
+
+    async def open(self) -> list[EngineStream]:
+        """Admit and submit every request; on any failure nothing stays submitted."""
+        self.ctx.gate.admit()
+        self.admitted = True
+        try:
+            for stream in self.streams:
+                await stream.__aenter__()
+        except BaseException:
+            await self.close()
+            raise
+        return self.streams
+
+    async def close(self) -> None:
+        for stream in self.streams:
+            if stream.submitted:
+                await stream.__aexit__(None, None, None)
+                stream.submitted = False
+        if self.admitted:
+            self.admitted = False
+            self.ctx.gate.release()
+
+    async def __aenter__(self) -> list[EngineStream]:
+        return await self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class EngineStream:
+    """One engine request as an async iterator of its outputs; use as a context manager.
+
+    Leaving the ``async with`` block before the final output aborts the request.
+    """
+
+    def __init__(self, ctx: ServerContext, endpoint: str, input_ids: list[int],
+                 params: SamplingParams, timeout_s: float | None) -> None:
+        self.ctx = ctx
+        self.endpoint = endpoint
+        self.input_ids = input_ids
+        self.params = params
+        self.request_id = new_id("arbor")
+        self.started = time.monotonic()
+        self.deadline = None if timeout_s is None else self.started + timeout_s
+        self.queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self.last_token_at: float | None = None
+        self.finished = False
+        self.submitted = False
+
+    async def __aenter__(self) -> EngineStream:
+        loop = asyncio.get_running_loop()
+
+        def deliver(out: RequestOutput) -> None:  # on the engine thread
+            loop.call_soon_threadsafe(self.queue.put_nowait, out)
+
+        self.ctx.engine.add_request(input_ids=self.input_ids, params=self.params,
+                                    request_id=self.request_id, callback=deliver)
+        self.submitted = True
+        self.ctx.gate.num_waiting += 1
+        self.ctx.metrics.prompt_tokens.inc(len(self.input_ids))
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        if self.last_token_at is None:
+            self.ctx.gate.num_waiting -= 1
+            self.last_token_at = time.monotonic()  # counted once even if never started
+        if not self.finished:
+            self.ctx.engine.abort(self.request_id)
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        return self._outputs()
+
+    async def _outputs(self) -> AsyncIterator[RequestOutput]:
+        while not self.finished:
+            out = await self._next()
+            self.finished = out.finished
+            self._observe(out)
+            yield out
+
+    async def _next(self) -> RequestOutput:
+        if self.deadline is None:
+            return await self.queue.get()
+        try:
+            return await asyncio.wait_for(self.queue.get(), max(0.0, self.deadline - time.monotonic()))
+        except TimeoutError:
+            raise RequestTimeoutError(
+                f"request timed out after {self.deadline - self.started:.1f} s") from None
+
+    def _observe(self, out: RequestOutput) -> None:
+        now = time.monotonic()
+        m = self.ctx.metrics
+        num_new = len(out.delta_token_ids)
+        if num_new:
+            m.generation_tokens.inc(num_new)
+            if self.last_token_at is None:
+                self.ctx.gate.num_waiting -= 1
+                m.ttft.labels(self.endpoint).observe(now - self.started)
+                num_new -= 1  # the first token is TTFT, not ITL
+                self.last_token_at = now
+            for _ in range(num_new):
+                m.itl.labels(self.endpoint).observe((now - self.last_token_at) / num_new)
+            self.last_token_at = now
+        if out.finished:
+            m.e2e.labels(self.endpoint).observe(now - self.started)
+
+
+async def until_disconnect(request: HttpRequest, work: Awaitable[T]) -> T:
+    """Await ``work``; if the client disconnects first, cancel it and raise ``ClientGoneError``.
+
+    NOTE: the body has been read by then, so the next ASGI message is ``http.disconnect``.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    raise ClientGoneError("the client disconnected")
+
+
+async def _wait_disconnect(request: HttpRequest) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def collect(stream: EngineStream) -> RequestOutput:
+    """The final output of a stream."""
+    last: RequestOutput | None = None
+    async for out in stream:
+        last = out
+    assert last is not None
+    return last

@@ -1,0 +1,91 @@
+"""A client that leaves (streaming or not) or runs out of time aborts its request, and
+its KV pages are back in the pool within a second."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+from server_helpers import auth, engine_metric
+
+LONG = {"max_new_tokens": 250, "temperature": 0, "ignore_eos": True}
+PROMPT = "Tell me a very long story about a lighthouse keeper and the sea."
+
+
+def seconds_until_idle(engine: Any, idle_pages: float, limit: float = 1.0) -> float:
+    """Time until the engine holds ``idle_pages`` again and runs nothing (capped)."""
+    start = time.monotonic()
+    while time.monotonic() - start < limit:
+        if (engine_metric(engine, "kv_pages_used") == idle_pages
+                and engine_metric(engine, "num_running") == 0):
+            return time.monotonic() - start
+        time.sleep(0.01)
+    return float("inf")
+
+
+def wait_for_pages_above(engine: Any, idle_pages: float) -> None:
+    deadline = time.monotonic() + 10
+    while engine_metric(engine, "kv_pages_used") <= idle_pages:
+        assert time.monotonic() < deadline, "the request never took pages"
+        time.sleep(0.01)
+
+
+def test_dropped_stream_frees_its_pages_within_a_second(server: Any, idle_engine: Any) -> None:
+    idle = engine_metric(idle_engine, "kv_pages_used")
+    with httpx.Client(base_url=server.url, headers=auth(), timeout=30) as c, c.stream(
+            "POST", "/generate", json={"text": PROMPT, "stream": True, "sampling_params": LONG}) as r:
+        assert r.status_code == 200
+        seen = 0
+        for line in r.iter_lines():
+            seen += line.startswith("data: ")
+            if seen == 3:
+                break
+        assert engine_metric(idle_engine, "kv_pages_used") > idle
+    # leaving both blocks closed the connection mid-stream
+    assert seconds_until_idle(idle_engine, idle) < 1.0
+
+
+def test_dropped_openai_stream_frees_its_pages(server: Any, idle_engine: Any) -> None:
+    idle = engine_metric(idle_engine, "kv_pages_used")
+    body = {"model": "m", "messages": [{"role": "user", "content": PROMPT}], "stream": True,
+            "max_tokens": 250, "temperature": 0, "ignore_eos": True}
+    with httpx.Client(base_url=server.url, headers=auth(), timeout=30) as c, c.stream(
+            "POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        next(line for line in r.iter_lines() if '"content":" ' in line or '"content":"' in line)
+    assert seconds_until_idle(idle_engine, idle) < 1.0
+
+
+def test_dropped_blocking_request_frees_its_pages(server: Any, idle_engine: Any) -> None:
+    idle = engine_metric(idle_engine, "kv_pages_used")
+    outcome: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            httpx.post(server.url + "/generate", headers=auth(), timeout=httpx.Timeout(30, read=0.6),
+                       json={"text": PROMPT, "sampling_params": LONG})
+        except httpx.ReadTimeout as exc:  # the client gives up and closes the connection
+            outcome.append(exc)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    wait_for_pages_above(idle_engine, idle)
+    thread.join(10)
+    assert outcome, "the request should still have been running when the client left"
+    assert seconds_until_idle(idle_engine, idle) < 1.0
+
+
+def test_request_timeout_is_a_504_and_frees_pages(http: Any, idle_engine: Any) -> None:
+    idle = engine_metric(idle_engine, "kv_pages_used")
+    r = http.post("/generate", json={"text": PROMPT, "timeout": 0.3, "sampling_params": LONG})
+    assert r.status_code == 504 and "timed out" in r.json()["error"]["message"]
+    assert seconds_until_idle(idle_engine, idle) < 1.0
+
+
+def test_program_timeout_aborts_its_generations(http: Any, idle_engine: Any) -> None:
+    idle = engine_metric(idle_engine, "kv_pages_used")
+    r = http.post("/programs/long_story", json={"arguments": {"seed_text": PROMPT}, "timeout": 0.3})
+    assert r.status_code == 504
+    assert seconds_until_idle(idle_engine, idle) < 1.0

@@ -1,0 +1,35 @@
+"""``/metrics``: Prometheus text from a registry per app."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from runtime.server import create_app
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_metrics_report_latencies_engine_state_and_errors(http: Any) -> None:
+    assert http.post("/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 3,
+                                                                          "temperature": 0}}).status_code == 200
+    assert http.post("/generate", json={"text": "Hi", "sampling_params": {"temperature": -1}}).status_code == 400
+    got = samples(http.get("/metrics").text)
+    gen = (("endpoint", "generate"),)
+    assert got[("arbor_time_to_first_token_seconds_count", gen)] >= 1
+    assert got[("arbor_inter_token_latency_seconds_count", gen)] >= 2
+    assert got[("arbor_e2e_request_latency_seconds_count", gen)] >= 1
+    assert got[("arbor_errors_total", (("kind", "invalid_request_error"),))] >= 1
+    assert got[("arbor_kv_pages_total", ())] > 0
+    for name in ("arbor_num_requests_running", "arbor_num_requests_waiting", "arbor_kv_cache_usage_ratio",
+                 "arbor_prefix_cache_hit_rate", "arbor_spec_acceptance_rate", "arbor_server_requests_inflight"):
+        assert (name, ()) in got, name
+
+
+def test_each_app_has_its_own_registry(engine: Any) -> None:
+    first, second = create_app(engine), create_app(engine)
+    assert first.state.ctx.metrics.registry is not second.state.ctx.metrics.registry
