@@ -13,7 +13,8 @@ submits them at once (``tracer.py``, ``executor.py``); only reads (``s["x"]``,
 ``s.text()``) wait. ``program.trace(...)`` builds the graph without running anything and
 ends it at the first read of a generated value. Token ids grow by the boundary rule of
 ``tokens.py``; roles are cut from the chat template (``roles.py``). The model is reached
-only through a ``Backend`` (``backend.py``): ``EngineBackend`` or ``FakeBackend``.
+only through a ``Backend`` (``backend.py``): ``EngineBackend`` (in-process),
+``RuntimeEndpoint(url)`` (a remote ``arbor serve``) or ``FakeBackend`` (tests).
 """
 
 from frontend_dsl.backend import (
@@ -43,3 +44,12 @@ __all__ = [
     "ProgramState", "Tool", "ToolCall", "assistant", "gen", "get_default_backend", "program",
     "select", "set_default_backend", "system", "tool", "user",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # RuntimeEndpoint pulls in the HTTP client stack; import it only when asked for.
+    if name == "RuntimeEndpoint":
+        from frontend_dsl.runtime_endpoint import RuntimeEndpoint
+
+        return RuntimeEndpoint
+    raise AttributeError(f"module 'frontend_dsl' has no attribute {name!r}")

@@ -6,9 +6,9 @@ import json
 from typing import Any
 
 import pytest
-from remote_backend import RemoteBackend
 from server_helpers import API_KEY
 
+from frontend_dsl.runtime_endpoint import RuntimeEndpoint
 from runtime.server.client import ArborClient
 
 
@@ -44,14 +44,14 @@ def test_program_stream_sends_an_event_per_gen(http: Any, programs: dict[str, An
 
 
 def test_same_program_on_a_remote_backend(server: Any, engine: Any, programs: dict[str, Any]) -> None:
-    client = ArborClient(server.url, api_key=API_KEY, timeout=30)
+    endpoint = RuntimeEndpoint(server.url, api_key=API_KEY, timeout=30)
     try:
-        remote = programs["two_steps"].run(RemoteBackend(client), topic="owls")
+        remote = programs["two_steps"].run(endpoint, topic="owls")
         local = programs["two_steps"].run(engine, topic="owls")
         assert remote.variables() == local.variables()
         assert remote.text() == local.text() and remote.token_ids() == local.token_ids()
     finally:
-        client.close()
+        endpoint.client.close()
 
 
 @pytest.mark.parametrize(("name", "arguments", "status", "message"), [

@@ -1,12 +1,14 @@
-"""A DSL ``Backend`` over ``runtime.server.client.ArborClient`` (test reference).
+"""``RuntimeEndpoint(url)``: the DSL's ``Backend`` over a remote ``arbor serve``.
 
-This is what ``RuntimeEndpoint(url)`` needs to do; it lives with the tests because the
-server may not edit ``frontend_dsl/``. It shows the client covers the whole interface.
+Everything goes over the server's native API as token ids (``runtime.server.client``),
+so the server's radix cache matches branches exactly as the in-process backend does, and
+a program gives the same greedy result in-process and remotely.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from functools import cached_property
 from typing import Any
 
 from frontend_dsl.backend import Backend, GenChunk, GenParams
@@ -15,6 +17,7 @@ from runtime.server.protocol import ConstraintSpec, NativeSamplingParams
 
 
 def wire_params(params: GenParams) -> NativeSamplingParams:
+    """The native API's sampling fields for one ``gen``."""
     fields: dict[str, Any] = {"max_new_tokens": params.max_tokens, "stop": list(params.stop),
                               "logprobs": params.return_logprob}
     for key in ("temperature", "top_p", "top_k", "min_p", "seed"):
@@ -25,9 +28,16 @@ def wire_params(params: GenParams) -> NativeSamplingParams:
     return NativeSamplingParams(**fields)
 
 
-class RemoteBackend(Backend):
-    def __init__(self, client: ArborClient) -> None:
-        self.client = client
+class RuntimeEndpoint(Backend):
+    """A remote Arbor server as a DSL backend.
+
+    Args:
+        url: the server's base URL, e.g. ``http://127.0.0.1:30000``.
+        api_key: the server's API key, if it requires one.
+    """
+
+    def __init__(self, url: str, api_key: str | None = None, timeout: float = 600.0) -> None:
+        self.client = ArborClient(url, api_key=api_key, timeout=timeout)
 
     def encode(self, text: str) -> list[int]:
         return self.client.encode(text)
@@ -38,8 +48,8 @@ class RemoteBackend(Backend):
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
         return self.client.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
 
-    @property
-    def eos_token_ids(self) -> list[int]:
+    @cached_property
+    def eos_token_ids(self) -> list[int]:  # type: ignore[override]
         return self.client.tokenizer_info().eos_token_ids
 
     async def generate(self, input_ids: list[int], params: GenParams) -> AsyncIterator[GenChunk]:
