@@ -87,7 +87,9 @@ class JsonSchemaConstraint(Constraint):
 class RegexConstraint(Constraint):
     """The whole output matches ``pattern`` (full match, not search).
 
-    Checked with Python's ``re``; backends may reject features they cannot turn into
+    Python ``re`` syntax with ASCII shorthands: ``\\d``, ``\\w``, ``\\s`` mean
+    ``[0-9]``, ``[0-9A-Za-z_]`` and ASCII whitespace (``re.ASCII``, as in JSON Schema
+    patterns), on every backend. Checked with Python's ``re``; backends may reject features they cannot turn into
     an automaton (lookaround, backreferences) when compiling.
     """
 

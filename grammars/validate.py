@@ -36,7 +36,7 @@ def parse_output(constraint: Constraint, text: str) -> Any:
     if isinstance(constraint, JsonSchemaConstraint):
         return _parse_json(constraint, text)
     if isinstance(constraint, RegexConstraint):
-        _require(re.fullmatch(constraint.pattern, text) is not None, constraint, text)
+        _require(re.fullmatch(constraint.pattern, text, re.ASCII) is not None, constraint, text)
         return text
     if isinstance(constraint, ChoiceConstraint):
         _require(text in constraint.choices, constraint, text)

@@ -525,6 +525,9 @@ class Engine:
         if t.matcher is not None and not matcher_advanced and not t.matcher.accept_token(token):
             self._finish(req, "abort", error=f"token {token} rejected by the grammar")
             return
+        if t.matcher is not None and (problem := t.matcher.error()):
+            self._finish(req, "abort", error=f"grammar error: {problem}")
+            return
         ignore_eos = params.ignore_eos and t.matcher is None  # a grammar decides where EOS goes
         if token in params.stop_token_ids or (token in self.eos_token_ids and not ignore_eos):
             if t.logprobs and len(t.logprobs) > len(req.output_ids):

@@ -120,12 +120,18 @@ class GrammarCompiler:
     def _run(
         self, cache_key: tuple[str, str], constraint: Constraint, outer: Future[CompiledGrammar]
     ) -> None:
-        """Compile on a pool thread; the clock starts here, not while queued."""
+        """Compile on a pool thread; the clock starts here, not while queued or while
+        the backend's token tables are built (once per backend)."""
+        try:
+            backend = self.backend(cache_key[0])
+        except Exception as exc:
+            _try_set(outer, exception=ConstraintError(f"grammar backend failed: {exc!r}"))
+            return
         timer = threading.Timer(self.timeout_s, self._expire, (cache_key, outer))
         timer.daemon = True
         timer.start()
         try:
-            compiled = self.backend(cache_key[0]).compile(constraint)
+            compiled = backend.compile(constraint)
         except ConstraintError as exc:
             _try_set(outer, exception=exc)
         except Exception as exc:  # a library bug, not the user's constraint: same error type

@@ -90,9 +90,13 @@ class LLGuidanceGrammar(CompiledGrammar):
         return LLGuidanceMatcher(self.template.deep_copy(), self.eos_token_id)
 
 
-# JSON output layout, the same on every backend: one line, json.dumps separators. NOTE:
-# flexible whitespace lets a model (and the fuzz tests' random walks) emit whitespace
-# without end between tokens; this layout bounds it and is what models write anyway.
+# JSON is generated on one line in ``json.dumps``'s default layout ({"a": 1, "b": [2, 3]}):
+# flexible whitespace lets a sampler wander through newlines and indentation forever (a
+# random-weight model never closes the object) and leaves nothing for the grammar to force;
+# fixed separators make keys and punctuation forced tokens that speculation gets for free.
+# NOTE (llguidance 1.9): with this layout the mask can refuse a token consume_token
+# accepts ('"}' closing a string and its object, JSONSchemaBench ansible-navigator.json):
+# the model then spells it '"' + '}'; outputs stay valid, only tokenization differs.
 JSON_LAYOUT: JsonCompileOptions = {
     "whitespace_flexible": False,
     "item_separator": ", ",
@@ -175,16 +179,12 @@ class LLGuidanceBackend(GrammarBackend):
         llguidance.torch.fill_next_token_bitmask_par(self.executor, pairs, bitmask)
 
 
-# JSON is generated on one line in ``json.dumps``'s default layout ({"a": 1, "b": [2, 3]}):
-# flexible whitespace lets a sampler wander through newlines and indentation forever (a
-# random-weight model never closes the object) and leaves nothing for the grammar to force;
-# fixed separators make keys and punctuation forced tokens that speculation gets for free.
-JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
-
 def _grammar_text(constraint: Constraint) -> str:
     if isinstance(constraint, JsonSchemaConstraint):
-        return str(llguidance.LLMatcher.grammar_from_json_schema(constraint.schema_json, overrides=JSON_LAYOUT))
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(
+            constraint.schema_json, overrides=JSON_LAYOUT
+        )
+        return str(grammar)
     if isinstance(constraint, GrammarConstraint):
         return str(llguidance.LLMatcher.grammar_from_lark(constraint.lark_text))
     regex = regex_of(constraint)

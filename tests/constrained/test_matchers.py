@@ -163,3 +163,31 @@ def test_llguidance_forced_tokens_are_the_canonical_prefix(
     assert forced and forced == canonical[: len(forced)]
     assert all(matcher.accept_token(t) for t in canonical)
     assert matcher.forced_tokens() == []
+
+
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+def test_regex_shorthands_are_ascii_on_every_backend(
+    get_backend: Any, tokenizer: Any, backend: str
+) -> None:
+    """\\d is [0-9], as Python's re.ASCII and JSON Schema read it: no Arabic-Indic digits."""
+    be = get_backend(backend)
+    matcher = be.compile(RegexConstraint(r"\d{2}\s\w+")).new_matcher()
+    arabic_three = encode(tokenizer, "٣")
+    assert not matcher.accept_token(arabic_three[0])
+    assert all(matcher.accept_token(t) for t in encode(tokenizer, "42 ok_1"))
+    assert matcher.can_end()
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])
+def test_json_is_written_on_one_line_with_json_dumps_separators(
+    get_backend: Any, tokenizer: Any, backend: str
+) -> None:
+    compiled = get_backend(backend).compile(to_constraint(PERSON))
+
+    def accepts(text: str) -> bool:
+        matcher = compiled.new_matcher()
+        return all(matcher.accept_token(t) for t in encode(tokenizer, text)) and matcher.can_end()
+
+    assert accepts('{"name": "Ada", "age": 36}')  # json.dumps layout
+    assert not accepts('{"name":"Ada","age":36}')  # compact
+    assert not accepts('{\n  "name": "Ada",\n  "age": 36\n}')  # indented

@@ -81,3 +81,9 @@ def test_shipped_grammars_parse_good_and_refuse_bad(name: str, good: str, bad: s
     assert parse_output(grammar, good) == good
     with pytest.raises(OutputMismatchError):
         parse_output(grammar, bad)
+
+
+def test_regex_shorthands_are_ascii() -> None:
+    constraint = RegexConstraint(r"\d+")
+    assert is_valid_output(constraint, "123")
+    assert not is_valid_output(constraint, "١٢٣")  # Arabic-Indic digits

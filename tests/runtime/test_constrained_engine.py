@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
+from typing import Annotated
+
+from pydantic import BaseModel, Field
 
 from grammars import (
     ChoiceConstraint,
@@ -26,7 +28,7 @@ from runtime import Engine, SamplingParams
 
 
 class Item(BaseModel):
-    name: str
+    name: Annotated[str, Field(max_length=24)]  # bounded, so random weights finish too
     quantity: int
     in_stock: bool
 
@@ -66,10 +68,11 @@ def tiny(tiny_llama_dir: Path) -> Engine:
 
 @pytest.mark.parametrize("kind", sorted(CASES))
 def test_always_valid_tiny_model(tiny: Engine, kind: str) -> None:
-    outs = run_many(tiny, "Output:", CASES[kind], max_new_tokens=64)
-    # Random weights wander: JSON strings and arithmetic can run long, so allow some
-    # "length" endings, but every finished output must validate.
-    assert_all_valid(outs, CASES[kind], max_length_share=0.6)
+    # Random weights wander (arithmetic admits endless spaces and parentheses), so some
+    # generations end at "length"; every finished output must validate.
+    max_new_tokens, length_share = (128, 0.9) if kind == "lark" else (64, 0.5)
+    outs = run_many(tiny, "Output:", CASES[kind], max_new_tokens=max_new_tokens)
+    assert_all_valid(outs, CASES[kind], max_length_share=length_share)
     tiny.wait_idle()
     tiny.check_integrity()
 
