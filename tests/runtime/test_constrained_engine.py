@@ -9,11 +9,9 @@ are excluded (they are partial by definition); the tests check those are rare.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
-from typing import Annotated
-
 from pydantic import BaseModel, Field
 
 from grammars import (
