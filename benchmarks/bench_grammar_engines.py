@@ -55,7 +55,9 @@ from runtime.constrained import (  # noqa: E402
 )
 
 DATA_DIR = Path("/work/shared/jsonschemabench")
-MODEL_DIR = Path("/root/.cache/arbor/models/SmolLM2-135M-Instruct")
+from runtime.model.default_model import default_model_dir  # noqa: E402
+
+MODEL_DIR = default_model_dir()
 
 
 @dataclass

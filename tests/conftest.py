@@ -8,6 +8,7 @@ default model (SmolLM2-135M-Instruct, vocab 49152).
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -24,7 +25,15 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.append(str(REPO_ROOT))
 
-TOKENIZER_SOURCE = Path("/root/.cache/arbor/models/SmolLM2-135M-Instruct")
+# NOTE: Triton reads TRITON_INTERPRET when it is first imported, and some libraries
+# (xgrammar) import it early; on a machine without CUDA every Triton kernel in the tests
+# runs through the interpreter, so set it before anything can import Triton.
+if os.environ.get("CUDA_VISIBLE_DEVICES", None) != "" and not os.path.exists("/dev/nvidia0"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from runtime.model.default_model import default_model_dir  # noqa: E402
+
+TOKENIZER_SOURCE = default_model_dir()
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                    "special_tokens_map.json")
 

@@ -16,8 +16,9 @@ for _name in ("grammars", "runtime"):  # drop namespace-package shadows (see tes
         del sys.modules[_name]
 
 from runtime.constrained import GrammarBackend, create_backend  # noqa: E402
+from runtime.model.default_model import default_model_dir  # noqa: E402
 
-TOKENIZER_DIR = Path("/root/.cache/arbor/models/SmolLM2-135M-Instruct")
+TOKENIZER_DIR = default_model_dir()
 BACKEND_NAMES = ["llguidance", "xgrammar", "outlines"]
 EOS = 2  # <|im_end|>
 

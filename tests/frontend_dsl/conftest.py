@@ -26,8 +26,9 @@ def _prefer_project_packages() -> None:
 _prefer_project_packages()
 
 from frontend_dsl.fake_backend import FakeBackend, Responder  # noqa: E402
+from runtime.model.default_model import default_model_dir  # noqa: E402
 
-TOKENIZER_DIR = Path("/root/.cache/arbor/models/SmolLM2-135M-Instruct")
+TOKENIZER_DIR = default_model_dir()
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 from server_helpers import API_KEY, LiveServer, auth
 
-SMOLLM2_DIR = Path("/root/.cache/arbor/models/SmolLM2-135M-Instruct")
+from runtime.model.default_model import default_model_dir  # noqa: E402
+
+SMOLLM2_DIR = default_model_dir()
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 PROGRAMS_FILE = Path(__file__).parent / "programs_fixture.py"
 
