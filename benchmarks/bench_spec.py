@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-
 from typing import Annotated
 
 from pydantic import BaseModel, Field
@@ -23,7 +22,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import load_average, median, reproduce_line, save_result, timed  # noqa: E402
 
 from runtime import Engine, SamplingParams  # noqa: E402
-
 
 Short = Annotated[str, Field(max_length=48)]
 
