@@ -23,9 +23,23 @@ def mask_logits(logits: torch.Tensor, matchers: list[Any]) -> list[int]:
     rows = [i for i, m in enumerate(matchers) if m is not None]
     if not rows:
         return []
-    bitmask = allocate_token_bitmask(logits.shape[0], logits.shape[1])
+    bitmask = allocate_token_bitmask(logits.shape[0], logits.shape[1])  # all allowed
     for i in rows:
         matchers[i].fill_bitmask(bitmask, i)
-    apply_token_bitmask(logits, bitmask, rows)
-    dead = torch.isneginf(logits[rows]).all(dim=-1)
+    _apply(logits, bitmask, rows)
+    dead = (bitmask[rows] == 0).all(dim=-1)
     return [rows[j] for j in dead.nonzero().flatten().tolist()]
+
+
+def _apply(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
+    """Mask in place; unconstrained rows have all bits set, so masking every row is exact.
+
+    NOTE: llguidance's in-place kernel is ~35x faster than unpacking bits with torch ops
+    on the CPU (0.46 ms vs 16 ms at [32, 49152], 1 thread).
+    """
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous():
+        import llguidance.torch
+
+        llguidance.torch.apply_token_bitmask_inplace(logits, bitmask)
+    else:
+        apply_token_bitmask(logits, bitmask, rows)

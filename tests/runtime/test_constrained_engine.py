@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 from grammars import (
     ChoiceConstraint,
     ConstraintError,
+    GrammarConstraint,
     RegexConstraint,
     is_valid_output,
     load_grammar,
@@ -38,6 +39,9 @@ CASES: dict[str, Any] = {
     "lark": load_grammar("arithmetic"),
 }
 N = 200
+TINY_LARK = GrammarConstraint(
+    'start: sum\n?sum: NUMBER | sum "+" NUMBER | sum "*" NUMBER\nNUMBER: /[0-9]{1,3}/\n'
+)
 
 
 def run_many(engine: Engine, prompt: str, constraint: Any, max_new_tokens: int) -> list[Any]:
@@ -66,11 +70,12 @@ def tiny(tiny_llama_dir: Path) -> Engine:
 
 @pytest.mark.parametrize("kind", sorted(CASES))
 def test_always_valid_tiny_model(tiny: Engine, kind: str) -> None:
-    # Random weights wander (arithmetic admits endless spaces and parentheses), so some
-    # generations end at "length"; every finished output must validate.
-    max_new_tokens, length_share = (128, 0.9) if kind == "lark" else (64, 0.5)
-    outs = run_many(tiny, "Output:", CASES[kind], max_new_tokens=max_new_tokens)
-    assert_all_valid(outs, CASES[kind], max_length_share=length_share)
+    # Random weights wander, so some generations end at "length"; every finished output
+    # must validate. (The shipped arithmetic grammar ignores spaces, and random weights
+    # favour endless whitespace tokens: the tiny model gets a Lark grammar without them.)
+    constraint = TINY_LARK if kind == "lark" else CASES[kind]
+    outs = run_many(tiny, "Output:", constraint, max_new_tokens=64)
+    assert_all_valid(outs, constraint, max_length_share=0.5)
     tiny.wait_idle()
     tiny.check_integrity()
 
@@ -121,7 +126,5 @@ def test_invalid_constraints_fail_on_submission(tiny: Engine, bad: Any) -> None:
 def test_bad_regex_and_grammar_errors_are_typed(tiny: Engine) -> None:
     with pytest.raises(ConstraintError, match="regex"):
         tiny.generate("x", SamplingParams(constraint=RegexConstraint("[a-")))
-    from grammars import GrammarConstraint
-
     with pytest.raises(ConstraintError, match="line"):
         tiny.generate("x", SamplingParams(constraint=GrammarConstraint('start: "a" |||')))
