@@ -127,4 +127,4 @@ def test_bad_regex_and_grammar_errors_are_typed(tiny: Engine) -> None:
     with pytest.raises(ConstraintError, match="regex"):
         tiny.generate("x", SamplingParams(constraint=RegexConstraint("[a-")))
     with pytest.raises(ConstraintError, match="line"):
-        tiny.generate("x", SamplingParams(constraint=GrammarConstraint('start: "a" |||')))
+        tiny.generate("x", SamplingParams(constraint=GrammarConstraint('start: "a" (\n')))
