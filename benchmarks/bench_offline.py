@@ -52,9 +52,12 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--speculation", action="store_true",
+                    help="leave prompt-lookup speculation on (off by default: this measures plain "
+                         "decode, and the benchmark's repetitive prompts would flatter it)")
     args = ap.parse_args()
     print(reproduce_line())
-    engine = Engine(model="default", page_size=16)
+    engine = Engine(model="default", page_size=16, speculation=args.speculation)
     hf = None
     if not args.skip_hf:
         from transformers import AutoModelForCausalLM

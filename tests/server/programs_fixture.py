@@ -24,4 +24,4 @@ def two_steps(s, topic: str):
 def long_story(s, seed_text: str):
     """One long generation (for cancellation tests)."""
     s += seed_text
-    s += gen("story", max_tokens=250, temperature=0)
+    s += gen("story", max_tokens=250, temperature=0, speculation=False)
