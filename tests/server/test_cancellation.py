@@ -5,15 +5,35 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import pytest
 from server_helpers import auth, engine_metric
 
 # Speculation off: a random-weight model loops, and prompt-lookup drafts would finish the
 # "long" generation before the client gets to leave.
 LONG = {"max_new_tokens": 250, "temperature": 0, "ignore_eos": True, "speculation": False}
 PROMPT = "Tell me a very long story about a lighthouse keeper and the sea."
+
+
+@pytest.fixture(autouse=True)
+def slow_model(engine: Any) -> Iterator[None]:
+    """Each forward pass takes at least 10 ms, as a real model's would.
+
+    The tiny test model decodes 250 tokens in well under a second on a quiet machine,
+    which can finish a "long" generation before the client gets to leave.
+    """
+    forward = engine.runner.forward
+
+    def slow_forward(batch: Any) -> Any:
+        time.sleep(0.01)
+        return forward(batch)
+
+    engine.runner.forward = slow_forward
+    yield
+    engine.runner.forward = forward
 
 
 def seconds_until_idle(engine: Any, idle_pages: float, limit: float = 1.0) -> float:
