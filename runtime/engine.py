@@ -62,6 +62,7 @@ class _Tracked:
     matcher: Any = None  # runtime.constrained GrammarMatcher when constrained
     spec: SpecStats = field(default_factory=SpecStats)
     drafts_from_lookup: bool = False  # this step's drafts came from prompt lookup
+    prompt_text: str | None = None  # decoded once, for text-level prompt lookup
 
 
 class Engine:
@@ -108,7 +109,7 @@ class Engine:
         self._ids = itertools.count()
         self.forward_passes = 0
         self.num_finished = 0
-        self.proposer = DraftProposer()
+        self.proposer = DraftProposer(self.tokenizer)
         self.spec = SpecStats()  # global speculation counters
         self._grammar: GrammarCompiler | None = None  # built on the first constraint
         self._grammar_lock = threading.Lock()
@@ -416,7 +417,10 @@ class Engine:
             room = min(req.params.max_new_tokens - len(req.output_ids), self.max_model_len - req.seq_len) - 1
             if room <= 0:
                 continue
-            drafts, forced = self.proposer.propose(req.all_ids, t.matcher, t.spec, room)
+            if t.prompt_text is None:
+                t.prompt_text = self.tokenizer.decode(req.prompt_ids)
+            texts = (t.prompt_text, t.detok.text)
+            drafts, forced = self.proposer.propose(req.all_ids, t.matcher, t.spec, room, texts)
             req.draft_ids = drafts
             t.drafts_from_lookup = bool(drafts) and not forced
             if t.drafts_from_lookup:

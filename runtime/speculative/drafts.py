@@ -77,23 +77,66 @@ class PromptLookupDraft(DraftSource):
         return []
 
 
-class DraftProposer:
-    """Combines the sources for one engine: grammar-forced first, then prompt lookup."""
+class TextLookupDraft:
+    """Prompt lookup on text: copy what followed the output's tail in the prompt text.
 
-    def __init__(self, max_draft_tokens: int = 8, max_forced_tokens: int = 16) -> None:
+    Token n-grams miss copies whose tokenization differs from the source: a JSON value
+    starts with ``"Maria`` while the document holds `` Maria``. Matching the output's last
+    characters in the prompt's text finds the copy anyway; the text that followed is then
+    tokenized on its own (a boundary token may differ from what the model would pick, which
+    only lowers acceptance: verification keeps the output exact).
+    """
+
+    name = "text_lookup"
+
+    def __init__(self, tokenizer: Any, max_tail_chars: int = 24, min_tail_chars: int = 4,
+                 follow_chars: int = 48) -> None:
+        self.tokenizer = tokenizer
+        self.max_tail, self.min_tail, self.follow = max_tail_chars, min_tail_chars, follow_chars
+
+    def propose(self, prompt_text: str, output_text: str, max_tokens: int) -> list[int]:
+        for n in range(min(self.max_tail, len(output_text)), self.min_tail - 1, -1):
+            at = prompt_text.rfind(output_text[-n:])
+            if at < 0:
+                continue
+            follow = prompt_text[at + n : at + n + self.follow]
+            if not follow:
+                return []
+            ids: list[int] = self.tokenizer.encode(follow, add_special_tokens=False)
+            # The last token may be cut mid-word by the character window: drop it.
+            return ids[: max(0, min(len(ids) - 1, max_tokens))]
+        return []
+
+
+class DraftProposer:
+    """Combines the sources for one engine: grammar-forced first, then prompt lookup
+    (text, then token n-grams)."""
+
+    def __init__(self, tokenizer: Any = None, max_draft_tokens: int = 8, max_forced_tokens: int = 16) -> None:
         self.max_draft_tokens = max_draft_tokens
         self.max_forced_tokens = max_forced_tokens
         self.forced = GrammarForcedDraft()
         self.lookup = PromptLookupDraft()
+        self.text_lookup = TextLookupDraft(tokenizer) if tokenizer is not None else None
 
-    def propose(self, token_ids: list[int], matcher: Any, stats: SpecStats, room: int) -> tuple[list[int], int]:
-        """Drafts for one request, at most ``room`` tokens. Returns (drafts, num_forced)."""
+    def propose(
+        self, token_ids: list[int], matcher: Any, stats: SpecStats, room: int,
+        texts: tuple[str, str] | None = None,
+    ) -> tuple[list[int], int]:
+        """Drafts for one request, at most ``room`` tokens. Returns (drafts, num_forced).
+
+        ``texts`` is (prompt text, output text so far), for text-level lookup.
+        """
         forced = self.forced.propose(token_ids, matcher, min(room, self.max_forced_tokens))
         if forced:
             return forced, len(forced)
         if not self._lookup_pays(stats):
             return [], 0
-        return self.lookup.propose(token_ids, matcher, min(room, self.max_draft_tokens)), 0
+        limit = min(room, self.max_draft_tokens)
+        drafts: list[int] = []
+        if self.text_lookup is not None and texts is not None:
+            drafts = self.text_lookup.propose(texts[0], texts[1], limit)
+        return drafts or self.lookup.propose(token_ids, matcher, limit), 0
 
     @staticmethod
     def _lookup_pays(stats: SpecStats) -> bool:

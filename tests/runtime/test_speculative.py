@@ -139,3 +139,16 @@ def test_speculation_can_be_disabled(tiny_llama_dir: Path) -> None:
         assert engine.metrics()["forward_passes"] == 16
     finally:
         engine.close()
+
+
+def test_text_lookup_finds_copies_that_token_ngrams_miss(tiny_llama_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from runtime.speculative.drafts import TextLookupDraft
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    draft = TextLookupDraft(tok)
+    prompt = "Profile: Maria Elena Garcia joined Northwind in 2016."
+    ids = draft.propose(prompt, '{"name": "Maria Elena', 4)
+    assert tok.decode(ids).startswith(" Garcia")
+    assert draft.propose(prompt, '{"name": "Zed', 4) == []
