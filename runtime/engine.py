@@ -599,7 +599,8 @@ class Engine:
             "kv_pages_used": used,
             "kv_pages_total": total,
             "kv_pages_free": self.pool.num_free_pages,
-            "kv_pages_cached": len(self.cache.cached_pages()),
+            # O(1) counters, not a tree walk: metrics are read from other threads mid-step.
+            "kv_pages_cached": self.cache.num_evictable_pages + self.cache.num_locked_pages,
             "cache_hit_rate": s.cache_hit_rate,
             "prompt_tokens": s.prompt_tokens,
             "cached_prompt_tokens": s.cached_prompt_tokens,
