@@ -161,7 +161,7 @@ class Engine:
         ids = self._prompt_ids(prompt, input_ids)
         self._check_length(ids, params)
         rid = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
-        request = Request(rid, ids, params, arrival=0, logprob_start_len=params.logprob_start_len)
+        request = Request(rid, ids, params, arrival=0)
         tracked = _Tracked(
             request,
             IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens),

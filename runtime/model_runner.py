@@ -145,7 +145,7 @@ class ModelRunner:
         item: PrefillItem, offset: int, rows: list[tuple[int, str, int]], targets: list[int]
     ) -> None:
         r = item.request
-        first = max(r.logprob_start_len, 1)
+        first = max(r.params.logprob_start_len, 1)
         for j in range(item.start, item.start + item.num_tokens):
             target = j + 1  # the logits at position j predict the token at j + 1
             if first <= target < len(r.prompt_ids):

@@ -42,7 +42,6 @@ class Request:
     finish_reason: FinishReason | None = None
     num_cached_tokens: int = 0  # prompt tokens served by the cache at first admission
     num_retractions: int = 0
-    logprob_start_len: int = 0  # first prompt position whose logprob is wanted
     prompt_logprobs: list[float | None] = field(default_factory=list)
     grammar: Any = None  # runtime.constrained matcher, when constrained
     admitted_once: bool = False

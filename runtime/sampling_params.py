@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from runtime.errors import InvalidRequestError
@@ -34,7 +34,6 @@ class SamplingParams:
     skip_special_tokens: bool = True
     constraint: Any = None
     speculation: bool = True  # allow speculative drafts for this request
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         # Accept lists for convenience but store tuples (frozen, hashable).

@@ -36,7 +36,3 @@ class ScheduledBatch:
     def empty(self) -> bool:
         return not self.prefill and not self.decode and not self.verify
 
-    @property
-    def num_tokens(self) -> int:
-        extend = sum(item.num_tokens for item in self.prefill)
-        return extend + sum(1 + len(r.draft_ids) for r in self.verify) + len(self.decode)

@@ -178,7 +178,7 @@ class Scheduler:
         prompt positions whose logprobs are wanted must be computed too."""
         limit = r.seq_len - 1
         if r.params.prompt_logprobs and not r.admitted_once:
-            limit = min(limit, max(r.logprob_start_len, 1) - 1)
+            limit = min(limit, max(r.params.logprob_start_len, 1) - 1)
         return limit
 
     def _shares_uncached_prefix(self, r: Request, cached: int, admitted: list[list[int]]) -> bool:

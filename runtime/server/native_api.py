@@ -46,10 +46,9 @@ from runtime.server.sse import SSE_DONE, EventStreamResponse, sse
 
 
 def to_sampling_params(p: NativeSamplingParams) -> SamplingParams:
-    fields = p.model_dump(exclude={"constraint", "logprob_start_len"})
+    fields = p.model_dump(exclude={"constraint"})
     constraint = constraints.from_spec(p.constraint) if p.constraint is not None else None
-    return SamplingParams(**fields, constraint=constraint,
-                          extra={"logprob_start_len": p.logprob_start_len})
+    return SamplingParams(**fields, constraint=constraint)
 
 
 def build_router(ctx: ServerContext) -> APIRouter:

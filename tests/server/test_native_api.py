@@ -110,3 +110,13 @@ def test_native_constraint_regex_and_type(http: Any, constraints_honoured: bool)
             "max_new_tokens": 12, "temperature": 0, "constraint": constraint}})
         assert r.status_code == 200, r.text
         assert re.fullmatch(check, r.json()["text"]), r.json()["text"]
+
+
+def test_logprob_start_len_reaches_the_engine(client: ArborClient, engine: Any) -> None:
+    """Positions before ``logprob_start_len`` are not scored (so the cache may serve them)."""
+    ids = greedy(engine, 1).prompt_token_ids
+    params = NativeSamplingParams(max_new_tokens=0, prompt_logprobs=True, logprob_start_len=3)
+    out = asyncio.run(client.generate(ids, params))
+    lps = out.meta.prompt_logprobs
+    assert lps is not None and all(lp is None for lp in lps[:3])
+    assert all(lp is not None for lp in lps[3:])
