@@ -5,7 +5,10 @@ tokens, 128 new tokens, greedy, EOS ignored) and prints tokens/s and the ratio. 
 the converted default-model directory in fp32 with SDPA attention and generates one
 left-padded batch.
 
-    .venv/bin/python benchmarks/bench_offline.py [--batches 1 8 32 64] [--repeats 1]
+    .venv/bin/python benchmarks/bench_offline.py [--batches 1 8 32 64] [--repeats 1] [--no-prepack]
+
+``--no-prepack`` runs Arbor with plain ``F.linear`` weights (``prepack_weights=False``),
+the baseline for the oneDNN-prepacked linears.
 """
 
 from __future__ import annotations
@@ -52,12 +55,14 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--no-prepack", action="store_true", help="plain F.linear weights (the baseline)")
     ap.add_argument("--speculation", action="store_true",
                     help="leave prompt-lookup speculation on (off by default: this measures plain "
                          "decode, and the benchmark's repetitive prompts would flatter it)")
     args = ap.parse_args()
     print(reproduce_line())
-    engine = Engine(model="default", page_size=16, speculation=args.speculation)
+    engine = Engine(model="default", page_size=16, speculation=args.speculation,
+                    prepack_weights=not args.no_prepack)
     hf = None
     if not args.skip_hf:
         from transformers import AutoModelForCausalLM

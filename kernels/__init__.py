@@ -14,6 +14,7 @@ KV pool layout (shared by every op)::
 """
 
 from kernels.dispatch import (
+    SharedPrefix,
     decode_attention,
     extend_attention,
     get_kernel_backend,
@@ -23,6 +24,7 @@ from kernels.dispatch import (
 )
 
 __all__ = [
+    "SharedPrefix",
     "decode_attention",
     "extend_attention",
     "get_kernel_backend",

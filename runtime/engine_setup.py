@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from kernels import onednn
 from runtime.cache.kv_cache import KVCache
 from runtime.config import EngineConfig
 from runtime.errors import InvalidRequestError
@@ -30,6 +31,11 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name not in _DTYPES:
         raise InvalidRequestError(f"dtype must be one of {sorted(_DTYPES)} or 'auto', got {name!r}")
     return _DTYPES[name]
+
+
+def use_prepacked_linears(device: torch.device, dtype: torch.dtype) -> bool:
+    """oneDNN-prepacked linears pay on the CPU in fp32 (see ``kernels.onednn``)."""
+    return device.type == "cpu" and dtype == torch.float32 and onednn.available()
 
 
 def _free_memory_bytes(device: torch.device) -> int:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import kernels
+from kernels.onednn import PackedLinear
 from runtime.model.attention import AttentionMetadata, paged_attention
 from runtime.model.rope import RotaryEmbedding
 
@@ -82,8 +83,8 @@ class Attention(nn.Module):
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.split = (q_size, kv_size, kv_size)
         # NOTE: q, k and v projections are fused into one matmul (weights concatenated at load).
-        self.qkv_proj = nn.Linear(args.hidden_size, q_size + 2 * kv_size, bias=args.qkv_bias)
-        self.o_proj = nn.Linear(q_size, args.hidden_size, bias=False)
+        self.qkv_proj: nn.Module = nn.Linear(args.hidden_size, q_size + 2 * kv_size, bias=args.qkv_bias)
+        self.o_proj: nn.Module = nn.Linear(q_size, args.hidden_size, bias=False)
         self.scale = self.head_dim**-0.5
 
     def forward(
@@ -103,8 +104,8 @@ class MLP(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.inter = args.intermediate_size
-        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * self.inter, bias=False)  # fused
-        self.down_proj = nn.Linear(self.inter, args.hidden_size, bias=False)
+        self.gate_up_proj: nn.Module = nn.Linear(args.hidden_size, 2 * self.inter, bias=False)  # fused
+        self.down_proj: nn.Module = nn.Linear(self.inter, args.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
@@ -136,9 +137,25 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(args, i) for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.rope = RotaryEmbedding(args.head_dim, max_positions, args.rope)
-        self.lm_head = None if args.tie_word_embeddings else nn.Linear(
+        self.lm_head: nn.Module | None = None if args.tie_word_embeddings else nn.Linear(
             args.hidden_size, args.vocab_size, bias=False
         )
+
+    def prepack_linears(self) -> None:
+        """Swap every linear (and the LM head) for a oneDNN-prepacked one (CPU, fp32).
+
+        Irreversible: the plain weights are released, except the embedding table, which
+        the token lookup still needs (a tied head gets its own packed copy).
+        """
+        for layer in self.layers:
+            assert isinstance(layer, DecoderLayer)
+            attn, mlp = layer.self_attn, layer.mlp
+            attn.qkv_proj = PackedLinear.from_linear(attn.qkv_proj)
+            attn.o_proj = PackedLinear.from_linear(attn.o_proj)
+            mlp.gate_up_proj = PackedLinear.from_linear(mlp.gate_up_proj)
+            mlp.down_proj = PackedLinear.from_linear(mlp.down_proj)
+        self.lm_head = PackedLinear(self.embed_tokens.weight) if self.lm_head is None \
+            else PackedLinear.from_linear(self.lm_head)
 
     @torch.inference_mode()
     def forward(
@@ -152,5 +169,6 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.layers:
             h = layer(h, positions, self.rope, meta)
         h = self.norm(h.index_select(0, logits_idx))
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(h, weight).float()
+        if self.lm_head is None:  # tied, not prepacked
+            return F.linear(h, self.embed_tokens.weight).float()
+        return self.lm_head(h).float()
