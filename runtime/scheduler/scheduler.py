@@ -12,7 +12,9 @@ The algorithm, once per step (``schedule``):
    cap and the pool (free + evictable, minus decode reservations) allow. A prompt longer
    than the remaining budget is cut into chunks; running requests keep decoding in the
    same step (mixed batch). A waiting request that shares an uncached prefix with one
-   admitted this step waits a step, so the prefix is computed once and then shared.
+   admitted this step waits a step, so the prefix is computed once and then shared; the
+   next step hands such requests the budget left over from the step that deferred them
+   (dedup must never cost extra steps, even once the first sharer decodes).
 3. Pages. Allocate the pages for everything scheduled (evicting LRU cache leaves as
    needed) and return the ``ScheduledBatch``.
 
@@ -69,6 +71,7 @@ class Scheduler:
         self._arrival = itertools.count()
         self._admission = itertools.count()
         self._admitted_at: dict[int, int] = {}  # id(request) -> admission order
+        self._deferred_budget = 0  # prefill tokens owed to requests deferred by dedup
 
     # ---- queue --------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -88,7 +91,8 @@ class Scheduler:
         verify = [r for r in decoding if r.draft_ids]
         decode_pages = sum(self._pages_to_grow(r, 1 + len(r.draft_ids)) for r in decoding)
         tokens = self.chunked_prefill_size if decoding else self.max_prefill_tokens
-        budget = _StepBudget(tokens, self._available_pages() - decode_pages)
+        budget = _StepBudget(max(tokens, self._deferred_budget), self._available_pages() - decode_pages)
+        self._deferred_budget = 0
         prefill = self._continue_prefills(budget) + self._admit(budget)
         self._allocate(prefill, decode, verify)
         return ScheduledBatch(prefill=prefill, decode=decode, verify=verify, retracted=retracted)
@@ -156,6 +160,7 @@ class Scheduler:
                 break
             match = self.cache.match_prefix(r.all_ids[: self._match_limit(r)])
             if self._shares_uncached_prefix(r, match.num_tokens, admitted_ids):
+                self._deferred_budget = max(self._deferred_budget, budget.tokens)  # its share now
                 continue
             n = min(r.seq_len - match.num_tokens, budget.tokens)
             need = self.pool.pages_for_tokens(match.num_tokens + n) - len(match.pages)

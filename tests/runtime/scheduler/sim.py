@@ -39,6 +39,7 @@ class Sim:
         prefix_cache: bool = True,
         max_running: int = 16,
         max_prefill_tokens: int = 64,
+        chunked_prefill_size: int | None = None,  # None: max_prefill_tokens
         decode_reserve_tokens: int = 0,
         max_model_len: int | None = None,
     ) -> None:
@@ -47,7 +48,7 @@ class Sim:
         self.max_model_len = max_model_len or (num_pages - 1) * page_size
         self.cache: PrefixCache = RadixTree(self.pool) if prefix_cache else NoPrefixCache(self.pool)
         self.sched = Scheduler(self.pool, self.cache, make_policy(policy), max_running,
-                               max_prefill_tokens, decode_reserve_tokens)
+                               max_prefill_tokens, decode_reserve_tokens, chunked_prefill_size)
         self.finished: list[Request] = []
 
     def add(self, rid: str, prompt_ids: list[int], max_new_tokens: int) -> Request:

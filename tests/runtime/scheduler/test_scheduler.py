@@ -94,6 +94,20 @@ def test_in_batch_dedup_computes_a_shared_prefix_once() -> None:
     assert all(r.output_ids == fake_outputs(2) for r in reqs)
 
 
+def test_dedup_deferred_requests_keep_their_budget_once_the_first_decodes() -> None:
+    # While r0 decodes, the prefill budget is the 4-token chunk; r1..r4 were deferred
+    # from a step with 256 tokens to spare, so they all start together next step anyway.
+    sim = Sim(num_pages=257, page_size=1, max_prefill_tokens=256, chunked_prefill_size=4)
+    reqs = [sim.add(f"r{i}", SHARED + [200 + i, 201 + i, 202 + i], max_new_tokens=3) for i in range(5)]
+    assert prefill_ids(sim.step()) == [("r0", 0, 43)]
+    batch = sim.step()
+    assert prefill_ids(batch) == [(f"r{i}", 40, 3) for i in range(1, 5)] and decode_ids(batch) == ["r0"]
+    late = sim.add("late", list(range(300, 310)), max_new_tokens=1)  # a new arrival: chunked
+    assert prefill_ids(sim.step()) == [("late", 0, 4)]
+    sim.run()
+    assert all(r.output_ids == fake_outputs(3) for r in reqs) and late.output_ids == fake_outputs(1)
+
+
 def test_short_shared_prefix_is_not_deferred() -> None:
     sim = Sim(num_pages=257, page_size=1)
     for i in range(3):
