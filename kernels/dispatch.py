@@ -11,11 +11,13 @@ The Triton modules are imported lazily, on the first call that uses them, so imp
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
 
 from kernels import reference
+from kernels.reference.attention import SharedPrefix
 
 KernelBackend = Literal["auto", "torch", "triton"]
 _backend: KernelBackend = "auto"
@@ -63,13 +65,18 @@ def decode_attention(
     seq_lens: torch.Tensor,  # [B] int32
     page_size: int,
     scale: float,
+    shared: Sequence[SharedPrefix] = (),
 ) -> torch.Tensor:  # [B, Hq, D]
-    """See ``kernels.reference.attention.decode_attention``."""
+    """See ``kernels.reference.attention.decode_attention``.
+
+    ``shared`` only changes the cost: the Triton kernel reads every page in place from the
+    pool and ignores it; the torch path reads shared pages once per group.
+    """
     if _use_triton(q):
         from kernels.triton.decode_attention import decode_attention as triton_impl
 
         return triton_impl(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale)
-    return reference.decode_attention(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale)
+    return reference.decode_attention(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale, shared)
 
 
 def extend_attention(
@@ -82,16 +89,17 @@ def extend_attention(
     qo_indptr: torch.Tensor,  # [B+1] int32
     page_size: int,
     scale: float,
+    shared: Sequence[SharedPrefix] = (),
 ) -> torch.Tensor:  # [T, Hq, D]
-    """See ``kernels.reference.attention.extend_attention``."""
+    """See ``kernels.reference.attention.extend_attention`` (``shared`` as in decode)."""
     if _use_triton(q):
         from kernels.triton.extend_attention import extend_attention as triton_impl
 
-        impl = triton_impl
-    else:
-        impl = reference.extend_attention
-    return impl(
-        q, k_buffer, v_buffer, page_table, prefix_lens, extend_lens, qo_indptr, page_size, scale
+        return triton_impl(
+            q, k_buffer, v_buffer, page_table, prefix_lens, extend_lens, qo_indptr, page_size, scale
+        )
+    return reference.extend_attention(
+        q, k_buffer, v_buffer, page_table, prefix_lens, extend_lens, qo_indptr, page_size, scale, shared
     )
 
 

@@ -6,11 +6,16 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels import SharedPrefix
 from runtime.cache.kv_cache import KVCache
 from runtime.model.attention import AttentionMetadata
 from runtime.model.llama import LlamaForCausalLM
 from runtime.request import Request
 from runtime.scheduler.batch import PrefillItem, ScheduledBatch
+
+# Attention reads a shared prefix once per group when that saves reading at least this
+# many tokens' K/V (below it, the extra calls cost more than the copies they avoid).
+MIN_SHARED_SAVING_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -99,17 +104,44 @@ class ModelRunner:
         indptr = [0]
         for n in ext_lens:
             indptr.append(indptr[-1] + n)
+        ext_table = self._page_table([r.pages for r in ext_reqs])
+        dec_table = self._page_table([r.pages for r in batch.decode])
+        dec_starts = [r.num_computed for r in batch.decode]
         return AttentionMetadata(
             kv=self.kv,
             out_slots=slots,
             num_extend_tokens=indptr[-1],
-            extend_page_table=self._page_table([r.pages for r in ext_reqs]).to(self.device),
+            extend_page_table=ext_table.to(self.device),
             extend_prefix_lens=i32(ext_starts),
             extend_lens=i32(ext_lens),
             extend_qo_indptr=i32(indptr),
-            decode_page_table=self._page_table([r.pages for r in batch.decode]).to(self.device),
-            decode_seq_lens=i32([r.num_computed + 1 for r in batch.decode]),
+            decode_page_table=dec_table.to(self.device),
+            decode_seq_lens=i32([n + 1 for n in dec_starts]),
+            extend_shared=self._shared_prefixes(ext_table, ext_starts),
+            decode_shared=self._shared_prefixes(dec_table, dec_starts),
         )
+
+    def _shared_prefixes(self, table: torch.Tensor, starts: list[int]) -> tuple[SharedPrefix, ...]:
+        """Groups of rows whose leading pages are the same pool pages.
+
+        Rows are grouped by their first page; a group shares the pages that all its members
+        have in common, up to the page holding any member's first new token (``starts``).
+        """
+        if table.shape[0] < 2:
+            return ()
+        limits = torch.tensor(starts) // self.page_size  # whole pages before the first query
+        first = table[:, 0]
+        groups = []
+        for page in first.unique().tolist():
+            rows = (first == page).nonzero().flatten()
+            if rows.numel() < 2 or page == 0:
+                continue
+            same = (table[rows] == table[rows[0]]).int().cumprod(dim=1).sum(dim=1)
+            n = int(torch.minimum(same, limits[rows]).min())
+            if (rows.numel() - 1) * n * self.page_size < MIN_SHARED_SAVING_TOKENS:
+                continue
+            groups.append(SharedPrefix(table[rows[0], :n].long().to(self.device), rows.to(self.device)))
+        return tuple(groups)
 
     # ---- which logits -----------------------------------------------------------------------
     def _logit_rows(

@@ -7,8 +7,11 @@ SDPA call, no Python loop over requests. GQA is handled by viewing the query hea
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
-import torch.nn.functional as F
 
 
 def store_kv(
@@ -55,9 +58,9 @@ def _attend(
     q: torch.Tensor,  # [B, Lq, Hq, D]
     k: torch.Tensor,  # [B, Lk, Hkv, D]
     v: torch.Tensor,  # [B, Lk, Hkv, D]
-    allowed: torch.Tensor,  # [B, Lq, Lk] bool; every row must allow at least one key
+    allowed: torch.Tensor | None,  # [B, Lq, Lk] bool (None: all); every row allows a key
     scale: float,
-) -> torch.Tensor:  # [B, Lq, Hq, D]
+) -> tuple[torch.Tensor, torch.Tensor]:  # out [B, Lq, Hq, D], log-sum-exp [B, Lq, Hq]
     batch, q_len, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[2]
     group = num_q_heads // num_kv_heads
@@ -65,17 +68,52 @@ def _attend(
     # K/V are never repeated and torch's fused CPU SDPA kernel does the rest.
     qg = q.view(batch, q_len, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
     qg = qg.reshape(batch, num_kv_heads, group * q_len, head_dim)
-    mask = allowed[:, None, None].expand(batch, 1, group, q_len, allowed.shape[-1])
-    mask = mask.reshape(batch, 1, group * q_len, allowed.shape[-1])
-    out = F.scaled_dot_product_attention(
-        qg,
-        k.transpose(1, 2).to(q.dtype),
-        v.transpose(1, 2).to(q.dtype),
-        attn_mask=mask,
-        scale=scale,
-    )  # [B, Hkv, G*Lq, D]
+    mask = None
+    if allowed is not None:
+        mask = allowed[:, None, None].expand(batch, 1, group, q_len, allowed.shape[-1])
+        mask = mask.reshape(batch, 1, group * q_len, allowed.shape[-1])
+    out, lse = _sdpa_with_lse(qg, k.transpose(1, 2).to(q.dtype), v.transpose(1, 2).to(q.dtype), mask, scale)
     out = out.view(batch, num_kv_heads, group, q_len, head_dim).permute(0, 3, 1, 2, 4)
-    return out.reshape(batch, q_len, num_q_heads, head_dim)
+    lse = lse.view(batch, num_kv_heads, group, q_len).permute(0, 3, 1, 2)
+    return out.reshape(batch, q_len, num_q_heads, head_dim), lse.reshape(batch, q_len, num_q_heads)
+
+
+def _sdpa_with_lse(
+    q: torch.Tensor,  # [B, H, Lq, D]
+    k: torch.Tensor,  # [B, H, Lk, D]
+    v: torch.Tensor,  # [B, H, Lk, D]
+    mask: torch.Tensor | None,  # [B, 1, Lq, Lk] bool
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # [B, H, Lq, D], [B, H, Lq]
+    """SDPA that also returns each row's log-sum-exp (natural log) of the scaled scores."""
+    if q.device.type == "cpu" and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        # The kernel behind F.scaled_dot_product_attention on the CPU; it takes an
+        # additive mask of the query's dtype.
+        add = None if mask is None else torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, -math.inf)
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, False, attn_mask=add, scale=scale
+        )
+        return out, lse
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -math.inf)
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - lse[..., None]).to(v.dtype)
+    return torch.matmul(probs, v), lse
+
+
+@dataclass(frozen=True)
+class SharedPrefix:
+    """Leading KV pages that several requests of one batch hold in common.
+
+    With a radix prefix cache, requests that share a prompt prefix point at the very same
+    pages, so attention over those keys can be computed once for all of their queries
+    (one K/V read) and merged with each request's attention over the rest of its pages.
+    Every shared page must lie wholly before each member's first query position.
+    """
+
+    pages: torch.Tensor  # [P] int64, the shared pages in order (P * page_size tokens)
+    rows: torch.Tensor  # [n] int64, the members: rows of the batch (requests)
 
 
 def decode_attention(
@@ -86,18 +124,35 @@ def decode_attention(
     seq_lens: torch.Tensor,  # [B] int32, tokens in cache incl. the new one
     page_size: int,
     scale: float,
+    shared: Sequence[SharedPrefix] = (),
 ) -> torch.Tensor:  # [B, Hq, D]
     """Attention of each request's newest token over all its cached tokens.
 
-    The new token's K/V must already be stored in the pool.
+    The new token's K/V must already be stored in the pool. ``shared`` (optional) names
+    groups of requests with common leading pages; the result is the same with or without
+    it, only cheaper with it (see ``SharedPrefix``).
     """
     if q.shape[0] == 0:
         return torch.empty_like(q)
+    if not shared:
+        return _decode(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale)[0]
+    skip = _skipped_pages(q.shape[0], shared, q.device)
+    table, lens = _drop_leading_pages(page_table, seq_lens, skip, page_size)
+    out, lse = _decode(q, k_buffer, v_buffer, table, lens, page_size, scale)
+    for group in shared:
+        _merge_prefix(out, lse, q, group.rows, group, k_buffer, v_buffer, page_size, scale)
+    return out
+
+
+def _decode(
+    q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, page_table: torch.Tensor,
+    seq_lens: torch.Tensor, page_size: int, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # [B, Hq, D], log-sum-exp [B, Hq]
     max_len = int(seq_lens.max())
     slots, valid = token_slots(page_table, seq_lens, page_size, max_len)
     k, v = _gather(k_buffer, slots), _gather(v_buffer, slots)  # [B, L, Hkv, D]
-    out = _attend(q[:, None], k, v, valid[:, None, :], scale)
-    return out[:, 0]
+    out, lse = _attend(q[:, None], k, v, valid[:, None, :], scale)
+    return out[:, 0], lse[:, 0]
 
 
 def extend_attention(
@@ -110,15 +165,38 @@ def extend_attention(
     qo_indptr: torch.Tensor,  # [B+1] int32, offsets of each request's tokens in q
     page_size: int,
     scale: float,
+    shared: Sequence[SharedPrefix] = (),
 ) -> torch.Tensor:  # [T, Hq, D]
     """Causal attention of new tokens over their cached prefix and each other.
 
     New token ``i`` of request ``b`` sits at position ``prefix_lens[b] + i`` and attends to
     positions ``0 .. prefix_lens[b] + i``. The new tokens' K/V must already be stored.
+    ``shared`` as in ``decode_attention`` (pages within every member's cached prefix).
     """
-    num_tokens = q.shape[0]
-    if num_tokens == 0:
+    if q.shape[0] == 0:
         return torch.empty_like(q)
+    if not shared:
+        return _extend(q, k_buffer, v_buffer, page_table, prefix_lens, extend_lens, qo_indptr,
+                       page_size, scale)[0]
+    batch = extend_lens.shape[0]
+    skip = _skipped_pages(batch, shared, q.device)
+    table, prefix = _drop_leading_pages(page_table, prefix_lens, skip, page_size)
+    out, lse = _extend(q, k_buffer, v_buffer, table, prefix, extend_lens, qo_indptr, page_size, scale)
+    token_req = torch.repeat_interleave(torch.arange(batch, device=q.device), extend_lens.long())
+    for group in shared:
+        member = torch.zeros(batch, dtype=torch.bool, device=q.device)
+        member[group.rows] = True
+        tokens = member[token_req].nonzero().flatten()
+        _merge_prefix(out, lse, q, tokens, group, k_buffer, v_buffer, page_size, scale)
+    return out
+
+
+def _extend(
+    q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, page_table: torch.Tensor,
+    prefix_lens: torch.Tensor, extend_lens: torch.Tensor, qo_indptr: torch.Tensor, page_size: int,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # [T, Hq, D], log-sum-exp [T, Hq]
+    num_tokens = q.shape[0]
     batch = extend_lens.shape[0]
     seq_lens = (prefix_lens + extend_lens).long()
     max_q, max_k = int(extend_lens.max()), int(seq_lens.max())
@@ -136,5 +214,59 @@ def extend_attention(
     q_pos = prefix_lens.long()[:, None] + torch.arange(max_q, device=q.device)[None, :]
     k_pos = torch.arange(max_k, device=q.device)
     allowed = (k_pos[None, None, :] <= q_pos[:, :, None]) & valid[:, None, :]
-    out = _attend(q_pad, k, v, allowed, scale)
-    return out.reshape(batch * max_q, q.shape[1], q.shape[2]).index_select(0, flat)
+    out, lse = _attend(q_pad, k, v, allowed, scale)
+    heads, dim = q.shape[1], q.shape[2]
+    return (out.reshape(batch * max_q, heads, dim).index_select(0, flat),
+            lse.reshape(batch * max_q, heads).index_select(0, flat))
+
+
+# ---- shared prefixes ------------------------------------------------------------------------
+def _skipped_pages(batch: int, shared: Sequence[SharedPrefix], device: torch.device) -> torch.Tensor:
+    """[B] int64: how many leading pages each request hands to its shared group."""
+    skip = torch.zeros(batch, dtype=torch.long, device=device)
+    for group in shared:
+        skip[group.rows] = group.pages.shape[0]
+    return skip
+
+
+def _drop_leading_pages(
+    page_table: torch.Tensor, lens: torch.Tensor, skip: torch.Tensor, page_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's page table and token count without its first ``skip[b]`` pages."""
+    width = page_table.shape[1]
+    cols = (torch.arange(width, device=skip.device)[None, :] + skip[:, None]).clamp(max=width - 1)
+    return page_table.gather(1, cols.to(page_table.device)), (lens.long() - skip * page_size).to(lens.dtype)
+
+
+def _merge_prefix(
+    out: torch.Tensor,  # [N, Hq, D], updated in place
+    lse: torch.Tensor,  # [N, Hq]
+    q: torch.Tensor,  # [N, Hq, D]
+    rows: torch.Tensor,  # [n] rows of out / q whose queries see the group's pages
+    group: SharedPrefix,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    page_size: int,
+    scale: float,
+) -> None:
+    """Fold attention over ``group``'s shared pages into the rows' partial results.
+
+    The shared keys are read once for all the rows' queries: one unmasked attention call,
+    then the two partial softmaxes merge by their log-sum-exps.
+    """
+    slots = (group.pages[:, None] * page_size + torch.arange(page_size, device=rows.device)).reshape(-1)
+    k = k_buffer.index_select(0, slots)[None]  # [1, Ls, Hkv, D]
+    v = v_buffer.index_select(0, slots)[None]
+    every = rows.numel() == out.shape[0]  # the common case: the whole batch shares it
+    rows_q = q if every else q.index_select(0, rows)
+    pre_out, pre_lse = _attend(rows_q[None], k, v, None, scale)  # [1, n, Hq, D], [1, n, Hq]
+    rest_out = out if every else out.index_select(0, rows)
+    rest_lse = lse if every else lse.index_select(0, rows)
+    top = torch.maximum(pre_lse[0], rest_lse)
+    w_pre, w_rest = torch.exp(pre_lse[0] - top), torch.exp(rest_lse - top)
+    merged = torch.addcmul(pre_out[0].float() * w_pre[..., None], rest_out.float(), w_rest[..., None])
+    merged = (merged / (w_pre + w_rest)[..., None]).to(out.dtype)
+    if every:
+        out.copy_(merged)
+    else:
+        out.index_copy_(0, rows, merged)

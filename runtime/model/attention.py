@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 import kernels
+from kernels import SharedPrefix
 from runtime.cache.kv_cache import KVCache
 
 
@@ -33,6 +34,9 @@ class AttentionMetadata:
     extend_qo_indptr: torch.Tensor  # [Be + 1] int32, offsets into the extend part
     decode_page_table: torch.Tensor  # [Bd, max_pages] int32
     decode_seq_lens: torch.Tensor  # [Bd] int32, cached tokens incl. the new one
+    # Groups of requests whose leading pages are the same pages (radix-shared prefixes).
+    extend_shared: tuple[SharedPrefix, ...] = ()
+    decode_shared: tuple[SharedPrefix, ...] = ()
 
     @property
     def num_extend_reqs(self) -> int:
@@ -60,10 +64,11 @@ def paged_attention(
     if meta.num_extend_reqs:
         parts.append(kernels.extend_attention(
             q[:split], k_buf, v_buf, meta.extend_page_table, meta.extend_prefix_lens,
-            meta.extend_lens, meta.extend_qo_indptr, page_size, scale,
+            meta.extend_lens, meta.extend_qo_indptr, page_size, scale, meta.extend_shared,
         ))
     if meta.num_decode:
         parts.append(kernels.decode_attention(
             q[split:], k_buf, v_buf, meta.decode_page_table, meta.decode_seq_lens, page_size, scale,
+            meta.decode_shared,
         ))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)

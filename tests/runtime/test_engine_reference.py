@@ -101,3 +101,27 @@ def test_shared_prefix_and_chunked_prefill_keep_tokens(tiny_llama_dir: Path) -> 
             check_against_hf(engine, hf, prompts)  # second round: served from the cache
         finally:
             engine.close()
+
+
+def test_shared_prefix_attention_keeps_hf_tokens(tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests decoding over one radix-shared prefix attend to it once per group (the
+    torch path's cascade); tokens and log-probs stay HF's."""
+    from runtime.model_runner import ModelRunner
+
+    seen: list[int] = []
+    real = ModelRunner._shared_prefixes
+
+    def spy(self: ModelRunner, table: torch.Tensor, starts: list[int]) -> tuple:  # type: ignore[type-arg]
+        groups = real(self, table, starts)
+        seen.extend(int(g.pages.numel()) for g in groups)
+        return groups
+
+    monkeypatch.setattr(ModelRunner, "_shared_prefixes", spy)
+    base = [(7 * i) % 300 + 3 for i in range(120)]
+    prompts = [base + [11 + i, 12 + i] for i in range(4)]
+    engine = Engine(model=str(tiny_llama_dir), page_size=4, num_pages=512, speculation=False)
+    try:
+        check_against_hf(engine, load_hf(tiny_llama_dir), prompts)
+    finally:
+        engine.close()
+    assert seen and max(seen) == 30  # 120 shared tokens = 30 pages of 4
