@@ -31,7 +31,7 @@ from runtime.cache.radix_tree import RadixTree
 from runtime.config import EngineConfig
 from runtime.constrained import GrammarCompiler
 from runtime.detokenizer import IncrementalDetokenizer
-from runtime.engine_setup import resolve_device, resolve_dtype, size_pool
+from runtime.engine_setup import resolve_device, resolve_dtype, size_pool, use_prepacked_linears
 from runtime.errors import EngineClosedError, InvalidRequestError, PromptTooLongError
 from runtime.grammar_step import mask_logits
 from runtime.model.loader import load_model, load_tokenizer, read_config, resolve_model_dir
@@ -42,7 +42,7 @@ from runtime.sampler import sample
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.policy import make_policy
 from runtime.scheduler.scheduler import Scheduler
-from runtime.speculative import DraftProposer, SpecStats, verify_drafts
+from runtime.speculative import DraftProposer, SpecStats, lookup_break_even, verify_drafts
 
 log = logging.getLogger("arbor.engine")
 OutputCallback = Callable[[RequestOutput], None]
@@ -88,6 +88,8 @@ class Engine:
         self.eos_token_ids = self._eos_ids(hf_config)
         num_pages, self.max_model_len = size_pool(cfg, hf_config, self.device, self.dtype)
         self.model = load_model(self.model_dir, self.device, self.dtype, self.max_model_len)
+        if cfg.prepack_weights and use_prepacked_linears(self.device, self.dtype):
+            self.model.prepack_linears()
         args = self.model.args
         self.vocab_size = args.vocab_size
         self.pool = PagePool(num_pages, cfg.page_size)
@@ -111,6 +113,7 @@ class Engine:
         self.num_finished = 0
         self.proposer = DraftProposer(self.tokenizer)
         self.spec = SpecStats()  # global speculation counters
+        self._spec_fixed_cost_rows = cfg.spec_fixed_cost_rows or (256.0 if self.device.type == "cuda" else 16.0)
         self._grammar: GrammarCompiler | None = None  # built on the first constraint
         self._grammar_lock = threading.Lock()
         self._pending: dict[str, Future[Any]] = {}  # request id -> grammar still compiling
@@ -410,8 +413,10 @@ class Engine:
 
     def _propose_drafts(self) -> None:
         """Draft tokens for every decoding request that allows speculation."""
-        for req in self.scheduler.running:
-            if not req.is_decoding or not req.params.speculation:
+        decoding = [r for r in self.scheduler.running if r.is_decoding]
+        break_even = lookup_break_even(len(decoding), self._spec_fixed_cost_rows)
+        for req in decoding:
+            if not req.params.speculation:
                 continue
             t = self._tracked[req.request_id]
             room = min(req.params.max_new_tokens - len(req.output_ids), self.max_model_len - req.seq_len) - 1
@@ -420,7 +425,11 @@ class Engine:
             if t.prompt_text is None:
                 t.prompt_text = self.tokenizer.decode(req.prompt_ids)
             texts = (t.prompt_text, t.detok.text)
-            drafts, forced = self.proposer.propose(req.all_ids, t.matcher, t.spec, room, texts)
+            # NOTE: only greedy requests follow the batch-size gate: a sampled request's
+            # random draws depend on whether it drafted, and a seeded request must give
+            # the same tokens alone and inside any batch.
+            gate = break_even if req.params.greedy else 0.0
+            drafts, forced = self.proposer.propose(req.all_ids, t.matcher, t.spec, room, texts, gate)
             req.draft_ids = drafts
             t.drafts_from_lookup = bool(drafts) and not forced
             if t.drafts_from_lookup:

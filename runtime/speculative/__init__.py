@@ -7,7 +7,7 @@ the distribution-preserving rule for sampling, with the grammar mask applied at 
 position. A speculative path changes speed, never the output.
 """
 
-from runtime.speculative.drafts import DraftProposer, SpecStats
+from runtime.speculative.drafts import DraftProposer, SpecStats, lookup_break_even
 from runtime.speculative.verify import verify_drafts
 
-__all__ = ["DraftProposer", "SpecStats", "verify_drafts"]
+__all__ = ["DraftProposer", "SpecStats", "lookup_break_even", "verify_drafts"]

@@ -6,9 +6,15 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
-# A request whose prompt-lookup drafts are accepted less often than this after
-# MIN_ROUNDS verify rounds stops proposing them (grammar-forced drafts always continue:
-# they cost nothing to find and are almost always accepted).
+# When prompt lookup pays. A verified draft token costs one row of the forward pass; an
+# accepted one saves a whole pass for its request. With a pass costing ``F + B`` rows for
+# B decoding requests (F: the pass's fixed cost, in rows), drafting raises the batch's
+# tokens per second only when the acceptance rate exceeds ``B / (F + B)``: speculation
+# pays at small batches and must get out of the way at large ones. While that break-even
+# rate is below MIN_ACCEPTANCE, a request gets MIN_ROUNDS verify rounds of grace and then
+# needs MIN_ACCEPTANCE; above it, its rate (with a Laplace prior of one accepted and one
+# rejected token, so one round is tried) must reach the break-even rate. Grammar-forced
+# drafts always continue: they are (almost) always accepted.
 MIN_ACCEPTANCE = 0.3
 MIN_ROUNDS = 4
 
@@ -121,16 +127,18 @@ class DraftProposer:
 
     def propose(
         self, token_ids: list[int], matcher: Any, stats: SpecStats, room: int,
-        texts: tuple[str, str] | None = None,
+        texts: tuple[str, str] | None = None, break_even: float = 0.0,
     ) -> tuple[list[int], int]:
         """Drafts for one request, at most ``room`` tokens. Returns (drafts, num_forced).
 
-        ``texts`` is (prompt text, output text so far), for text-level lookup.
+        ``texts`` is (prompt text, output text so far), for text-level lookup;
+        ``break_even`` is the acceptance rate below which lookup drafts cost more than they
+        save at the current batch size (see ``lookup_break_even``).
         """
         forced = self.forced.propose(token_ids, matcher, min(room, self.max_forced_tokens))
         if forced:
             return forced, len(forced)
-        if not self._lookup_pays(stats):
+        if not self.lookup_pays(stats, break_even):
             return [], 0
         limit = min(room, self.max_draft_tokens)
         drafts: list[int] = []
@@ -139,7 +147,15 @@ class DraftProposer:
         return drafts or self.lookup.propose(token_ids, matcher, limit), 0
 
     @staticmethod
-    def _lookup_pays(stats: SpecStats) -> bool:
+    def lookup_pays(stats: SpecStats, break_even: float = 0.0) -> bool:
+        """Whether this request's lookup drafts are accepted often enough to pay."""
+        if break_even > MIN_ACCEPTANCE:
+            return (stats.lookup_accepted_tokens + 1) / (stats.lookup_draft_tokens + 2) > break_even
         if stats.lookup_rounds < MIN_ROUNDS:
             return True
         return stats.lookup_accepted_tokens >= MIN_ACCEPTANCE * stats.lookup_draft_tokens
+
+
+def lookup_break_even(num_decoding: int, fixed_cost_rows: float) -> float:
+    """Acceptance rate at which lookup drafts neither gain nor lose throughput."""
+    return num_decoding / (fixed_cost_rows + num_decoding)

@@ -14,7 +14,13 @@ from pydantic import BaseModel
 
 from grammars import RegexConstraint, load_grammar
 from runtime import Engine, SamplingParams
-from runtime.speculative.drafts import PromptLookupDraft
+from runtime.speculative.drafts import (
+    MIN_ROUNDS,
+    DraftProposer,
+    PromptLookupDraft,
+    SpecStats,
+    lookup_break_even,
+)
 from runtime.speculative.verify import verify_drafts
 
 
@@ -152,3 +158,21 @@ def test_text_lookup_finds_copies_that_token_ngrams_miss(tiny_llama_dir: Path) -
     ids = draft.propose(prompt, '{"name": "Maria Elena', 4)
     assert tok.decode(ids).startswith(" Garcia")
     assert draft.propose(prompt, '{"name": "Zed', 4) == []
+
+
+def test_lookup_gets_out_of_the_way_at_large_batches() -> None:
+    """Lookup drafts pay only above the break-even acceptance B / (F + B)."""
+    assert lookup_break_even(1, 16.0) == pytest.approx(1 / 17)
+    assert lookup_break_even(16, 16.0) == pytest.approx(0.5)
+    fresh, good, bad = SpecStats(), SpecStats(), SpecStats()
+    good.lookup_rounds, good.lookup_draft_tokens, good.lookup_accepted_tokens = 2, 16, 14
+    bad.lookup_rounds, bad.lookup_draft_tokens, bad.lookup_accepted_tokens = 1, 8, 1
+    pays = DraftProposer.lookup_pays
+    # Small batches: MIN_ROUNDS rounds of grace, whatever the first rounds gave.
+    assert pays(fresh, lookup_break_even(1, 16.0)) and pays(bad, lookup_break_even(1, 16.0))
+    # Large batches: an unknown request is not worth a try at 50%; a proven one is.
+    assert not pays(fresh, lookup_break_even(16, 16.0))
+    assert pays(good, lookup_break_even(16, 16.0)) and not pays(bad, lookup_break_even(8, 16.0))
+    assert pays(fresh, lookup_break_even(8, 16.0))  # 1/2 > 1/3: one round is tried
+    bad.lookup_rounds = MIN_ROUNDS
+    assert not pays(bad, 0.0)  # after the grace, below MIN_ACCEPTANCE stops at any batch
