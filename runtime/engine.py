@@ -414,7 +414,8 @@ class Engine:
     def _propose_drafts(self) -> None:
         """Draft tokens for every decoding request that allows speculation."""
         decoding = [r for r in self.scheduler.running if r.is_decoding]
-        break_even = lookup_break_even(len(decoding), self._spec_fixed_cost_rows)
+        batch_even = lookup_break_even(len(decoding), self._spec_fixed_cost_rows)
+        alone_even = lookup_break_even(1, self._spec_fixed_cost_rows)
         for req in decoding:
             if not req.params.speculation:
                 continue
@@ -425,10 +426,10 @@ class Engine:
             if t.prompt_text is None:
                 t.prompt_text = self.tokenizer.decode(req.prompt_ids)
             texts = (t.prompt_text, t.detok.text)
-            # NOTE: only greedy requests follow the batch-size gate: a sampled request's
-            # random draws depend on whether it drafted, and a seeded request must give
-            # the same tokens alone and inside any batch.
-            gate = break_even if req.params.greedy else 0.0
+            # NOTE: only greedy requests follow the batch size: a sampled request's random
+            # draws depend on whether it drafted, and a seeded request must give the same
+            # tokens alone and inside any batch, so it is judged as if alone.
+            gate = batch_even if req.params.greedy else alone_even
             drafts, forced = self.proposer.propose(req.all_ids, t.matcher, t.spec, room, texts, gate)
             req.draft_ids = drafts
             t.drafts_from_lookup = bool(drafts) and not forced
