@@ -14,20 +14,26 @@ KV pool layout (shared by every op)::
 """
 
 from kernels.dispatch import (
+    AttentionPlan,
     SharedPrefix,
     decode_attention,
     extend_attention,
     get_kernel_backend,
+    plan_decode,
+    plan_extend,
     rms_norm,
     set_kernel_backend,
     store_kv,
 )
 
 __all__ = [
+    "AttentionPlan",
     "SharedPrefix",
     "decode_attention",
     "extend_attention",
     "get_kernel_backend",
+    "plan_decode",
+    "plan_extend",
     "rms_norm",
     "set_kernel_backend",
     "store_kv",

@@ -17,7 +17,7 @@ from typing import Literal
 import torch
 
 from kernels import reference
-from kernels.reference.attention import SharedPrefix
+from kernels.reference.attention import AttentionPlan, SharedPrefix
 
 KernelBackend = Literal["auto", "torch", "triton"]
 _backend: KernelBackend = "auto"
@@ -57,6 +57,21 @@ def store_kv(
     return reference.store_kv(k_buffer, v_buffer, k, v, slot_idx)
 
 
+def plan_decode(
+    page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, shared: Sequence[SharedPrefix] = ()
+) -> AttentionPlan:
+    """The torch path's layer-independent part of ``decode_attention`` (one per forward)."""
+    return reference.plan_decode(page_table, seq_lens, page_size, shared)
+
+
+def plan_extend(
+    page_table: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
+    qo_indptr: torch.Tensor, page_size: int, shared: Sequence[SharedPrefix] = (),
+) -> AttentionPlan:
+    """The torch path's layer-independent part of ``extend_attention`` (one per forward)."""
+    return reference.plan_extend(page_table, prefix_lens, extend_lens, qo_indptr, page_size, shared)
+
+
 def decode_attention(
     q: torch.Tensor,  # [B, Hq, D]
     k_buffer: torch.Tensor,  # [num_slots, Hkv, D]
@@ -66,17 +81,21 @@ def decode_attention(
     page_size: int,
     scale: float,
     shared: Sequence[SharedPrefix] = (),
+    plan: AttentionPlan | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
     """See ``kernels.reference.attention.decode_attention``.
 
-    ``shared`` only changes the cost: the Triton kernel reads every page in place from the
-    pool and ignores it; the torch path reads shared pages once per group.
+    ``shared`` and ``plan`` only change the cost: the Triton kernel reads every page in
+    place from the pool and ignores both; the torch path reads shared pages once per group
+    and reuses the plan (``plan_decode``) across layers.
     """
     if _use_triton(q):
         from kernels.triton.decode_attention import decode_attention as triton_impl
 
         return triton_impl(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale)
-    return reference.decode_attention(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale, shared)
+    return reference.decode_attention(
+        q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale, shared, plan
+    )
 
 
 def extend_attention(
@@ -90,8 +109,10 @@ def extend_attention(
     page_size: int,
     scale: float,
     shared: Sequence[SharedPrefix] = (),
+    plan: AttentionPlan | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
-    """See ``kernels.reference.attention.extend_attention`` (``shared`` as in decode)."""
+    """See ``kernels.reference.attention.extend_attention`` (``shared``, ``plan`` as in
+    decode; ``plan_extend`` builds the plan)."""
     if _use_triton(q):
         from kernels.triton.extend_attention import extend_attention as triton_impl
 
@@ -99,7 +120,8 @@ def extend_attention(
             q, k_buffer, v_buffer, page_table, prefix_lens, extend_lens, qo_indptr, page_size, scale
         )
     return reference.extend_attention(
-        q, k_buffer, v_buffer, page_table, prefix_lens, extend_lens, qo_indptr, page_size, scale, shared
+        q, k_buffer, v_buffer, page_table, prefix_lens, extend_lens, qo_indptr, page_size, scale,
+        shared, plan,
     )
 
 

@@ -13,9 +13,12 @@ from runtime.model.llama import LlamaForCausalLM
 from runtime.request import Request
 from runtime.scheduler.batch import PrefillItem, ScheduledBatch
 
-# Attention reads a shared prefix once per group when that saves reading at least this
-# many tokens' K/V (below it, the extra calls cost more than the copies they avoid).
-MIN_SHARED_SAVING_TOKENS = 256
+# Attention reads a shared prefix once per group when that saves gathering at least this
+# many tokens' K/V per layer. A group costs one more SDPA call and a merge per layer
+# (~0.15 ms on the CPU); a gathered token costs ~0.2 µs. Measured, batch-32 decode of
+# 128-token prompts in small overlapping groups: 148 ms a step at 256, 102 ms at 1024,
+# 99 ms at 4096; 16 requests on one 512-token prefix (7,680 tokens saved) gain 20%.
+MIN_SHARED_SAVING_TOKENS = 1024
 
 
 @dataclass(frozen=True)

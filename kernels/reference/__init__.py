@@ -1,6 +1,12 @@
 """Pure-torch reference ops: the specification of every kernel and the CPU path."""
 
-from kernels.reference.attention import decode_attention, extend_attention, store_kv
+from kernels.reference.attention import (
+    decode_attention,
+    extend_attention,
+    plan_decode,
+    plan_extend,
+    store_kv,
+)
 from kernels.reference.norm import rms_norm
 
-__all__ = ["decode_attention", "extend_attention", "rms_norm", "store_kv"]
+__all__ = ["decode_attention", "extend_attention", "plan_decode", "plan_extend", "rms_norm", "store_kv"]

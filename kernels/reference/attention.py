@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -58,7 +58,7 @@ def _attend(
     q: torch.Tensor,  # [B, Lq, Hq, D]
     k: torch.Tensor,  # [B, Lk, Hkv, D]
     v: torch.Tensor,  # [B, Lk, Hkv, D]
-    allowed: torch.Tensor | None,  # [B, Lq, Lk] bool (None: all); every row allows a key
+    mask: torch.Tensor | None,  # [B, 1, G*Lq, Lk] additive, q's dtype (see AttentionPlan)
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # out [B, Lq, Hq, D], log-sum-exp [B, Lq, Hq]
     batch, q_len, num_q_heads, head_dim = q.shape
@@ -68,10 +68,6 @@ def _attend(
     # K/V are never repeated and torch's fused CPU SDPA kernel does the rest.
     qg = q.view(batch, q_len, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
     qg = qg.reshape(batch, num_kv_heads, group * q_len, head_dim)
-    mask = None
-    if allowed is not None:
-        mask = allowed[:, None, None].expand(batch, 1, group, q_len, allowed.shape[-1])
-        mask = mask.reshape(batch, 1, group * q_len, allowed.shape[-1])
     out, lse = _sdpa_with_lse(qg, k.transpose(1, 2).to(q.dtype), v.transpose(1, 2).to(q.dtype), mask, scale)
     out = out.view(batch, num_kv_heads, group, q_len, head_dim).permute(0, 3, 1, 2, 4)
     lse = lse.view(batch, num_kv_heads, group, q_len).permute(0, 3, 1, 2)
@@ -82,21 +78,19 @@ def _sdpa_with_lse(
     q: torch.Tensor,  # [B, H, Lq, D]
     k: torch.Tensor,  # [B, H, Lk, D]
     v: torch.Tensor,  # [B, H, Lk, D]
-    mask: torch.Tensor | None,  # [B, 1, Lq, Lk] bool
+    mask: torch.Tensor | None,  # [B, 1, Lq, Lk] additive (0 or -inf), q's dtype
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, H, Lq, D], [B, H, Lq]
     """SDPA that also returns each row's log-sum-exp (natural log) of the scaled scores."""
     if q.device.type == "cpu" and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
-        # The kernel behind F.scaled_dot_product_attention on the CPU; it takes an
-        # additive mask of the query's dtype.
-        add = None if mask is None else torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, -math.inf)
+        # The kernel behind F.scaled_dot_product_attention on the CPU.
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, False, attn_mask=add, scale=scale
+            q, k, v, 0.0, False, attn_mask=mask, scale=scale
         )
         return out, lse
     scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
     if mask is not None:
-        scores = scores.masked_fill(~mask, -math.inf)
+        scores = scores + mask
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.exp(scores - lse[..., None]).to(v.dtype)
     return torch.matmul(probs, v), lse
@@ -116,6 +110,115 @@ class SharedPrefix:
     rows: torch.Tensor  # [n] int64, the members: rows of the batch (requests)
 
 
+@dataclass(frozen=True)
+class _PrefixPart:
+    slots: torch.Tensor  # [Ls] int64, the shared pages' slots
+    rows: torch.Tensor  # [n] int64, query rows (tokens) that see them
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """Everything about one attention call that is the same in every layer.
+
+    Built once per forward pass (``plan_decode`` / ``plan_extend``) and handed to each
+    layer's call, so the slots, masks and shared-prefix bookkeeping are not recomputed
+    30 times. Only the K/V gathers and the attention itself run per layer.
+    """
+
+    slots: torch.Tensor  # [B, L] int64, the pool slots each request reads (padding: slot 0)
+    allowed: torch.Tensor  # [B, Lq, L] bool
+    max_q: int  # query rows per request in the padded layout (1 for decode)
+    scatter: torch.Tensor | None  # [T] int64: row of each query token in [B * max_q] (extend)
+    prefixes: tuple[_PrefixPart, ...]  # shared-prefix parts, merged after the main part
+    _masks: dict[tuple[torch.dtype, int], torch.Tensor] = field(default_factory=dict, compare=False)
+
+    def mask(self, dtype: torch.dtype, group: int) -> torch.Tensor:
+        """Additive [B, 1, group * Lq, L] mask for ``group`` query heads per KV head."""
+        key = (dtype, group)
+        if key not in self._masks:
+            batch, q_len, keys = self.allowed.shape
+            allowed = self.allowed[:, None, None].expand(batch, 1, group, q_len, keys)
+            allowed = allowed.reshape(batch, 1, group * q_len, keys)
+            add = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+            self._masks[key] = add.masked_fill_(~allowed, -math.inf)
+        return self._masks[key]
+
+
+def plan_decode(
+    page_table: torch.Tensor,  # [B, max_pages] int32
+    seq_lens: torch.Tensor,  # [B] int32, tokens in cache incl. the new one
+    page_size: int,
+    shared: Sequence[SharedPrefix] = (),
+) -> AttentionPlan:
+    """The layer-independent part of ``decode_attention`` (B >= 1)."""
+    if shared:
+        page_table, seq_lens = _drop_leading_pages(
+            page_table, seq_lens, _skipped_pages(page_table.shape[0], shared, page_table.device), page_size
+        )
+    slots, valid = token_slots(page_table, seq_lens, page_size, int(seq_lens.max()))
+    prefixes = tuple(_PrefixPart(_page_slots(g.pages, page_size), g.rows) for g in shared)
+    return AttentionPlan(slots, valid[:, None, :], 1, None, prefixes)
+
+
+def plan_extend(
+    page_table: torch.Tensor,  # [B, max_pages] int32
+    prefix_lens: torch.Tensor,  # [B] int32
+    extend_lens: torch.Tensor,  # [B] int32, >= 1 each
+    qo_indptr: torch.Tensor,  # [B+1] int32
+    page_size: int,
+    shared: Sequence[SharedPrefix] = (),
+) -> AttentionPlan:
+    """The layer-independent part of ``extend_attention`` (B >= 1)."""
+    batch = extend_lens.shape[0]
+    device = extend_lens.device
+    token_req = torch.repeat_interleave(torch.arange(batch, device=device), extend_lens.long())
+    prefixes = []
+    for group in shared:
+        member = torch.zeros(batch, dtype=torch.bool, device=device)
+        member[group.rows] = True
+        prefixes.append(_PrefixPart(_page_slots(group.pages, page_size), member[token_req].nonzero().flatten()))
+    if shared:
+        page_table, prefix_lens = _drop_leading_pages(
+            page_table, prefix_lens, _skipped_pages(batch, shared, device), page_size
+        )
+    seq_lens = (prefix_lens + extend_lens).long()
+    max_q, max_k = int(extend_lens.max()), int(seq_lens.max())
+    slots, valid = token_slots(page_table, seq_lens, page_size, max_k)
+    offset = torch.arange(token_req.shape[0], device=device) - qo_indptr.long()[token_req]
+    scatter = token_req * max_q + offset  # row of each token in [B * max_q]
+    # allowed[b, i, j] = j <= prefix_len[b] + i  and  j < seq_len[b]
+    q_pos = prefix_lens.long()[:, None] + torch.arange(max_q, device=device)[None, :]
+    k_pos = torch.arange(max_k, device=device)
+    allowed = (k_pos[None, None, :] <= q_pos[:, :, None]) & valid[:, None, :]
+    return AttentionPlan(slots, allowed, max_q, scatter, tuple(prefixes))
+
+
+def run_plan(
+    q: torch.Tensor,  # [T, Hq, D]: one row per request (decode) or the ragged new tokens (extend)
+    k_buffer: torch.Tensor,  # [num_slots, Hkv, D]
+    v_buffer: torch.Tensor,  # [num_slots, Hkv, D]
+    plan: AttentionPlan,
+    scale: float,
+) -> torch.Tensor:  # [T, Hq, D]
+    """Attention of ``q`` as planned: one gather of each request's slots, one SDPA call,
+    then every shared prefix read once and merged in."""
+    num_tokens, heads, dim = q.shape
+    batch = plan.slots.shape[0]
+    group = heads // k_buffer.shape[1]
+    k, v = _gather(k_buffer, plan.slots), _gather(v_buffer, plan.slots)  # [B, L, Hkv, D]
+    if plan.scatter is None:  # decode: one query row per request
+        out, lse = _attend(q[:, None], k, v, plan.mask(q.dtype, group), scale)
+        out, lse = out[:, 0], lse[:, 0]
+    else:  # extend: scatter the ragged queries into [B, max_q, Hq, D]
+        q_pad = q.new_zeros(batch * plan.max_q, heads, dim).index_copy_(0, plan.scatter, q)
+        out, lse = _attend(q_pad.view(batch, plan.max_q, heads, dim), k, v, plan.mask(q.dtype, group), scale)
+        out = out.reshape(batch * plan.max_q, heads, dim).index_select(0, plan.scatter)
+        lse = lse.reshape(batch * plan.max_q, heads).index_select(0, plan.scatter)
+    for part in plan.prefixes:
+        _merge_prefix(out, lse, q, part, k_buffer, v_buffer, scale)
+    return out
+
+
 def decode_attention(
     q: torch.Tensor,  # [B, Hq, D], one new token per request
     k_buffer: torch.Tensor,  # [num_slots, Hkv, D]
@@ -125,34 +228,19 @@ def decode_attention(
     page_size: int,
     scale: float,
     shared: Sequence[SharedPrefix] = (),
+    plan: AttentionPlan | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
     """Attention of each request's newest token over all its cached tokens.
 
     The new token's K/V must already be stored in the pool. ``shared`` (optional) names
     groups of requests with common leading pages; the result is the same with or without
-    it, only cheaper with it (see ``SharedPrefix``).
+    it, only cheaper with it (see ``SharedPrefix``). ``plan``: this call's
+    ``plan_decode(page_table, seq_lens, page_size, shared)``, when the caller kept it.
     """
     if q.shape[0] == 0:
         return torch.empty_like(q)
-    if not shared:
-        return _decode(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale)[0]
-    skip = _skipped_pages(q.shape[0], shared, q.device)
-    table, lens = _drop_leading_pages(page_table, seq_lens, skip, page_size)
-    out, lse = _decode(q, k_buffer, v_buffer, table, lens, page_size, scale)
-    for group in shared:
-        _merge_prefix(out, lse, q, group.rows, group, k_buffer, v_buffer, page_size, scale)
-    return out
-
-
-def _decode(
-    q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, page_table: torch.Tensor,
-    seq_lens: torch.Tensor, page_size: int, scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:  # [B, Hq, D], log-sum-exp [B, Hq]
-    max_len = int(seq_lens.max())
-    slots, valid = token_slots(page_table, seq_lens, page_size, max_len)
-    k, v = _gather(k_buffer, slots), _gather(v_buffer, slots)  # [B, L, Hkv, D]
-    out, lse = _attend(q[:, None], k, v, valid[:, None, :], scale)
-    return out[:, 0], lse[:, 0]
+    plan = plan or plan_decode(page_table, seq_lens, page_size, shared)
+    return run_plan(q, k_buffer, v_buffer, plan, scale)
 
 
 def extend_attention(
@@ -166,61 +254,25 @@ def extend_attention(
     page_size: int,
     scale: float,
     shared: Sequence[SharedPrefix] = (),
+    plan: AttentionPlan | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
     """Causal attention of new tokens over their cached prefix and each other.
 
     New token ``i`` of request ``b`` sits at position ``prefix_lens[b] + i`` and attends to
     positions ``0 .. prefix_lens[b] + i``. The new tokens' K/V must already be stored.
-    ``shared`` as in ``decode_attention`` (pages within every member's cached prefix).
+    ``shared`` and ``plan`` as in ``decode_attention`` (``plan_extend``).
     """
     if q.shape[0] == 0:
         return torch.empty_like(q)
-    if not shared:
-        return _extend(q, k_buffer, v_buffer, page_table, prefix_lens, extend_lens, qo_indptr,
-                       page_size, scale)[0]
-    batch = extend_lens.shape[0]
-    skip = _skipped_pages(batch, shared, q.device)
-    table, prefix = _drop_leading_pages(page_table, prefix_lens, skip, page_size)
-    out, lse = _extend(q, k_buffer, v_buffer, table, prefix, extend_lens, qo_indptr, page_size, scale)
-    token_req = torch.repeat_interleave(torch.arange(batch, device=q.device), extend_lens.long())
-    for group in shared:
-        member = torch.zeros(batch, dtype=torch.bool, device=q.device)
-        member[group.rows] = True
-        tokens = member[token_req].nonzero().flatten()
-        _merge_prefix(out, lse, q, tokens, group, k_buffer, v_buffer, page_size, scale)
-    return out
-
-
-def _extend(
-    q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, page_table: torch.Tensor,
-    prefix_lens: torch.Tensor, extend_lens: torch.Tensor, qo_indptr: torch.Tensor, page_size: int,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:  # [T, Hq, D], log-sum-exp [T, Hq]
-    num_tokens = q.shape[0]
-    batch = extend_lens.shape[0]
-    seq_lens = (prefix_lens + extend_lens).long()
-    max_q, max_k = int(extend_lens.max()), int(seq_lens.max())
-    slots, valid = token_slots(page_table, seq_lens, page_size, max_k)
-    k, v = _gather(k_buffer, slots), _gather(v_buffer, slots)  # [B, Lk, Hkv, D]
-
-    # Scatter the ragged queries into [B, max_q, Hq, D].
-    req = torch.repeat_interleave(torch.arange(batch, device=q.device), extend_lens.long())
-    offset = torch.arange(num_tokens, device=q.device) - qo_indptr.long()[req]
-    flat = req * max_q + offset  # row of each token in [B * max_q]
-    q_pad = q.new_zeros(batch * max_q, q.shape[1], q.shape[2]).index_copy_(0, flat, q)
-    q_pad = q_pad.view(batch, max_q, q.shape[1], q.shape[2])
-
-    # allowed[b, i, j] = j <= prefix_len[b] + i  and  j < seq_len[b]
-    q_pos = prefix_lens.long()[:, None] + torch.arange(max_q, device=q.device)[None, :]
-    k_pos = torch.arange(max_k, device=q.device)
-    allowed = (k_pos[None, None, :] <= q_pos[:, :, None]) & valid[:, None, :]
-    out, lse = _attend(q_pad, k, v, allowed, scale)
-    heads, dim = q.shape[1], q.shape[2]
-    return (out.reshape(batch * max_q, heads, dim).index_select(0, flat),
-            lse.reshape(batch * max_q, heads).index_select(0, flat))
+    plan = plan or plan_extend(page_table, prefix_lens, extend_lens, qo_indptr, page_size, shared)
+    return run_plan(q, k_buffer, v_buffer, plan, scale)
 
 
 # ---- shared prefixes ------------------------------------------------------------------------
+def _page_slots(pages: torch.Tensor, page_size: int) -> torch.Tensor:  # [P * page_size] int64
+    return (pages[:, None] * page_size + torch.arange(page_size, device=pages.device)).reshape(-1)
+
+
 def _skipped_pages(batch: int, shared: Sequence[SharedPrefix], device: torch.device) -> torch.Tensor:
     """[B] int64: how many leading pages each request hands to its shared group."""
     skip = torch.zeros(batch, dtype=torch.long, device=device)
@@ -242,21 +294,19 @@ def _merge_prefix(
     out: torch.Tensor,  # [N, Hq, D], updated in place
     lse: torch.Tensor,  # [N, Hq]
     q: torch.Tensor,  # [N, Hq, D]
-    rows: torch.Tensor,  # [n] rows of out / q whose queries see the group's pages
-    group: SharedPrefix,
+    part: _PrefixPart,
     k_buffer: torch.Tensor,
     v_buffer: torch.Tensor,
-    page_size: int,
     scale: float,
 ) -> None:
-    """Fold attention over ``group``'s shared pages into the rows' partial results.
+    """Fold attention over a shared prefix into its rows' partial results.
 
     The shared keys are read once for all the rows' queries: one unmasked attention call,
     then the two partial softmaxes merge by their log-sum-exps.
     """
-    slots = (group.pages[:, None] * page_size + torch.arange(page_size, device=rows.device)).reshape(-1)
-    k = k_buffer.index_select(0, slots)[None]  # [1, Ls, Hkv, D]
-    v = v_buffer.index_select(0, slots)[None]
+    rows = part.rows
+    k = k_buffer.index_select(0, part.slots)[None]  # [1, Ls, Hkv, D]
+    v = v_buffer.index_select(0, part.slots)[None]
     every = rows.numel() == out.shape[0]  # the common case: the whole batch shares it
     rows_q = q if every else q.index_select(0, rows)
     pre_out, pre_lse = _attend(rows_q[None], k, v, None, scale)  # [1, n, Hq, D], [1, n, Hq]

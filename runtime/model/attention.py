@@ -12,7 +12,8 @@ Token order in a forward pass (T = num_extend_tokens + num_decode)::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -37,6 +38,9 @@ class AttentionMetadata:
     # Groups of requests whose leading pages are the same pages (radix-shared prefixes).
     extend_shared: tuple[SharedPrefix, ...] = ()
     decode_shared: tuple[SharedPrefix, ...] = ()
+    # The torch path's per-forward attention plans ("extend", "decode"), built by the first
+    # layer and reused by the others (see kernels.AttentionPlan).
+    plans: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def num_extend_reqs(self) -> int:
@@ -61,14 +65,26 @@ def paged_attention(
     page_size = meta.kv.page_size
     split = meta.num_extend_tokens
     parts = []
+    torch_path = kernels.get_kernel_backend(q.device) == "torch"
     if meta.num_extend_reqs:
+        plan = meta.plans.get("extend")
+        if plan is None and torch_path:
+            plan = meta.plans["extend"] = kernels.plan_extend(
+                meta.extend_page_table, meta.extend_prefix_lens, meta.extend_lens,
+                meta.extend_qo_indptr, page_size, meta.extend_shared,
+            )
         parts.append(kernels.extend_attention(
             q[:split], k_buf, v_buf, meta.extend_page_table, meta.extend_prefix_lens,
-            meta.extend_lens, meta.extend_qo_indptr, page_size, scale, meta.extend_shared,
+            meta.extend_lens, meta.extend_qo_indptr, page_size, scale, meta.extend_shared, plan,
         ))
     if meta.num_decode:
+        plan = meta.plans.get("decode")
+        if plan is None and torch_path:
+            plan = meta.plans["decode"] = kernels.plan_decode(
+                meta.decode_page_table, meta.decode_seq_lens, page_size, meta.decode_shared
+            )
         parts.append(kernels.decode_attention(
             q[split:], k_buf, v_buf, meta.decode_page_table, meta.decode_seq_lens, page_size, scale,
-            meta.decode_shared,
+            meta.decode_shared, plan,
         ))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)

@@ -18,7 +18,7 @@ from torch import nn
 import kernels
 from kernels.onednn import PackedLinear
 from runtime.model.attention import AttentionMetadata, paged_attention
-from runtime.model.rope import RotaryEmbedding
+from runtime.model.rope import RotaryEmbedding, rotate
 
 
 @dataclass(frozen=True)
@@ -88,14 +88,17 @@ class Attention(nn.Module):
         self.scale = self.head_dim**-0.5
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding, meta: AttentionMetadata
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = rope(positions, q, k)
+        qkv = self.qkv_proj(x)
+        q_size, kv_size, _ = self.split
+        # q and k are adjacent in the fused output: rotate both heads' worth in one go.
+        heads = self.num_heads + self.num_kv_heads
+        qk = rotate(qkv[:, : q_size + kv_size].view(num_tokens, heads, self.head_dim), *rope)
+        qk = qk.to(x.dtype)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        v = qkv[:, q_size + kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
         out = paged_attention(q, k, v, self.layer_idx, self.scale, meta)  # [T, Hq, D]
         return self.o_proj(out.reshape(num_tokens, -1))
 
@@ -121,9 +124,9 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(args)
 
     def forward(
-        self, h: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding, meta: AttentionMetadata
+        self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata
     ) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), positions, rope, meta)
+        h = h + self.self_attn(self.input_layernorm(h), rope, meta)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -166,8 +169,9 @@ class LlamaForCausalLM(nn.Module):
         logits_idx: torch.Tensor,  # [N] int64, rows of T that need logits
     ) -> torch.Tensor:  # [N, vocab] float32
         h = self.embed_tokens(input_ids)
+        rope = self.rope.lookup(positions)  # the same for every layer
         for layer in self.layers:
-            h = layer(h, positions, self.rope, meta)
+            h = layer(h, rope, meta)
         h = self.norm(h.index_select(0, logits_idx))
         if self.lm_head is None:  # tied, not prepacked
             return F.linear(h, self.embed_tokens.weight).float()

@@ -117,11 +117,11 @@ def test_shared_prefix_attention_keeps_hf_tokens(tiny_llama_dir: Path, monkeypat
         return groups
 
     monkeypatch.setattr(ModelRunner, "_shared_prefixes", spy)
-    base = [(7 * i) % 300 + 3 for i in range(120)]
-    prompts = [base + [11 + i, 12 + i] for i in range(4)]
+    base = [(7 * i) % 300 + 3 for i in range(160)]
+    prompts = [base + [11 + i, 12 + i] for i in range(8)]  # 7 x 160 shared tokens >= 1024
     engine = Engine(model=str(tiny_llama_dir), page_size=4, num_pages=512, speculation=False)
     try:
         check_against_hf(engine, load_hf(tiny_llama_dir), prompts)
     finally:
         engine.close()
-    assert seen and max(seen) == 30  # 120 shared tokens = 30 pages of 4
+    assert seen and max(seen) == 40  # 160 shared tokens = 40 pages of 4
