@@ -37,7 +37,8 @@ def _llama3_scale(inv_freq: torch.Tensor, rope: dict[str, Any]) -> torch.Tensor:
 
 
 class RotaryEmbedding(torch.nn.Module):
-    """cos/sin table for positions ``0 .. max_positions-1``, applied by position index."""
+    """cos/sin table for positions ``0 .. max_positions-1``, looked up by position index
+    (``lookup``) and applied with ``rotate``."""
 
     def __init__(self, head_dim: int, max_positions: int, rope: dict[str, Any]) -> None:
         super().__init__()
@@ -52,13 +53,6 @@ class RotaryEmbedding(torch.nn.Module):
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [T, 1, D/2] for token positions [T]: once per forward pass."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
-
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate ``q`` [T, Hq, D] and ``k`` [T, Hkv, D] by their token positions [T]."""
-        cos, sin = self.lookup(positions)
-        return rotate(q, cos, sin), rotate(k, cos, sin)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
