@@ -80,22 +80,19 @@ def decode_attention(
     seq_lens: torch.Tensor,  # [B] int32
     page_size: int,
     scale: float,
-    shared: Sequence[SharedPrefix] = (),
     plan: AttentionPlan | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
     """See ``kernels.reference.attention.decode_attention``.
 
-    ``shared`` and ``plan`` only change the cost: the Triton kernel reads every page in
-    place from the pool and ignores both; the torch path reads shared pages once per group
-    and reuses the plan (``plan_decode``) across layers.
+    ``plan`` (``plan_decode``, built once per forward pass, with any shared prefixes) only
+    changes the torch path's cost; the Triton kernel reads every page in place and needs
+    none.
     """
     if _use_triton(q):
         from kernels.triton.decode_attention import decode_attention as triton_impl
 
         return triton_impl(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale)
-    return reference.decode_attention(
-        q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale, shared, plan
-    )
+    return reference.decode_attention(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale, plan=plan)
 
 
 def extend_attention(
@@ -108,11 +105,10 @@ def extend_attention(
     qo_indptr: torch.Tensor,  # [B+1] int32
     page_size: int,
     scale: float,
-    shared: Sequence[SharedPrefix] = (),
     plan: AttentionPlan | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
-    """See ``kernels.reference.attention.extend_attention`` (``shared``, ``plan`` as in
-    decode; ``plan_extend`` builds the plan)."""
+    """See ``kernels.reference.attention.extend_attention`` (``plan`` as in decode, from
+    ``plan_extend``)."""
     if _use_triton(q):
         from kernels.triton.extend_attention import extend_attention as triton_impl
 
@@ -121,7 +117,7 @@ def extend_attention(
         )
     return reference.extend_attention(
         q, k_buffer, v_buffer, page_table, prefix_lens, extend_lens, qo_indptr, page_size, scale,
-        shared, plan,
+        plan=plan,
     )
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
+import kernels
 from kernels import SharedPrefix
 from runtime.cache.kv_cache import KVCache
 from runtime.model.attention import AttentionMetadata
@@ -110,7 +112,7 @@ class ModelRunner:
         ext_table = self._page_table([r.pages for r in ext_reqs])
         dec_table = self._page_table([r.pages for r in batch.decode])
         dec_starts = [r.num_computed for r in batch.decode]
-        return AttentionMetadata(
+        meta = AttentionMetadata(
             kv=self.kv,
             out_slots=slots,
             num_extend_tokens=indptr[-1],
@@ -120,9 +122,18 @@ class ModelRunner:
             extend_qo_indptr=i32(indptr),
             decode_page_table=dec_table.to(self.device),
             decode_seq_lens=i32([n + 1 for n in dec_starts]),
-            extend_shared=self._shared_prefixes(ext_table, ext_starts),
-            decode_shared=self._shared_prefixes(dec_table, dec_starts),
         )
+        if kernels.get_kernel_backend(self.device) == "triton":
+            return meta  # the Triton kernels read the pool in place: nothing to plan
+        extend_plan = kernels.plan_extend(
+            meta.extend_page_table, meta.extend_prefix_lens, meta.extend_lens, meta.extend_qo_indptr,
+            self.page_size, self._shared_prefixes(ext_table, ext_starts),
+        ) if ext_reqs else None
+        decode_plan = kernels.plan_decode(
+            meta.decode_page_table, meta.decode_seq_lens, self.page_size,
+            self._shared_prefixes(dec_table, dec_starts),
+        ) if batch.decode else None
+        return dataclasses.replace(meta, extend_plan=extend_plan, decode_plan=decode_plan)
 
     def _shared_prefixes(self, table: torch.Tensor, starts: list[int]) -> tuple[SharedPrefix, ...]:
         """Groups of rows whose leading pages are the same pool pages.

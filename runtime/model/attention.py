@@ -12,13 +12,12 @@ Token order in a forward pass (T = num_extend_tokens + num_decode)::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
 import kernels
-from kernels import SharedPrefix
+from kernels import AttentionPlan
 from runtime.cache.kv_cache import KVCache
 
 
@@ -35,12 +34,10 @@ class AttentionMetadata:
     extend_qo_indptr: torch.Tensor  # [Be + 1] int32, offsets into the extend part
     decode_page_table: torch.Tensor  # [Bd, max_pages] int32
     decode_seq_lens: torch.Tensor  # [Bd] int32, cached tokens incl. the new one
-    # Groups of requests whose leading pages are the same pages (radix-shared prefixes).
-    extend_shared: tuple[SharedPrefix, ...] = ()
-    decode_shared: tuple[SharedPrefix, ...] = ()
-    # The torch path's per-forward attention plans ("extend", "decode"), built by the first
-    # layer and reused by the others (see kernels.AttentionPlan).
-    plans: dict[str, Any] = field(default_factory=dict, compare=False)
+    # The torch path's attention plans (slots, masks, shared prefixes), built once per
+    # forward pass and used by every layer; None on the Triton path, which needs none.
+    extend_plan: AttentionPlan | None = None
+    decode_plan: AttentionPlan | None = None
 
     @property
     def num_extend_reqs(self) -> int:
@@ -65,26 +62,14 @@ def paged_attention(
     page_size = meta.kv.page_size
     split = meta.num_extend_tokens
     parts = []
-    torch_path = kernels.get_kernel_backend(q.device) == "torch"
     if meta.num_extend_reqs:
-        plan = meta.plans.get("extend")
-        if plan is None and torch_path:
-            plan = meta.plans["extend"] = kernels.plan_extend(
-                meta.extend_page_table, meta.extend_prefix_lens, meta.extend_lens,
-                meta.extend_qo_indptr, page_size, meta.extend_shared,
-            )
         parts.append(kernels.extend_attention(
             q[:split], k_buf, v_buf, meta.extend_page_table, meta.extend_prefix_lens,
-            meta.extend_lens, meta.extend_qo_indptr, page_size, scale, meta.extend_shared, plan,
+            meta.extend_lens, meta.extend_qo_indptr, page_size, scale, meta.extend_plan,
         ))
     if meta.num_decode:
-        plan = meta.plans.get("decode")
-        if plan is None and torch_path:
-            plan = meta.plans["decode"] = kernels.plan_decode(
-                meta.decode_page_table, meta.decode_seq_lens, page_size, meta.decode_shared
-            )
         parts.append(kernels.decode_attention(
             q[split:], k_buf, v_buf, meta.decode_page_table, meta.decode_seq_lens, page_size, scale,
-            meta.decode_shared, plan,
+            meta.decode_plan,
         ))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
