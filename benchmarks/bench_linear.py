@@ -12,28 +12,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import load_average, median, reproduce_line, save_result  # noqa: E402
+from common import load_average, reproduce_line, save_result, time_call  # noqa: E402
 
 from kernels import onednn  # noqa: E402
 
 SHAPES = {"lm_head": (49152, 576), "qkv": (960, 576), "gate_up": (3072, 576), "down": (576, 1536)}
-
-
-def time_call(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return median(times)
 
 
 def main() -> None:

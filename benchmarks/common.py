@@ -28,6 +28,17 @@ def timed(fn: Any, *args: Any, **kwargs: Any) -> tuple[float, Any]:
     return time.perf_counter() - start, result
 
 
+def time_call(fn: Any, repeats: int) -> float:
+    """Median seconds of one ``fn()`` call, after one untimed warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return median(times)
+
+
 def load_average() -> str:
     try:
         return Path("/proc/loadavg").read_text().split(" ", 3)[:3].__str__()

@@ -1,7 +1,8 @@
 """Attention and friends for Arbor's model runner.
 
-Each op has a pure-torch reference in ``kernels/reference`` (the specification and the CPU
-path) and, where it pays, a Triton kernel in ``kernels/triton`` (the GPU path). The runtime
+Each op has a pure-torch reference in ``kernels/reference`` (the specification, and the
+CPU path by default) and, where it pays, a Triton kernel in ``kernels/triton`` (the GPU
+path) and a C kernel in ``kernels/cpu`` (the CPU path once ``enable_cpu_kernels`` built it). The runtime
 calls these ops only through ``kernels.dispatch``. This package imports nothing from the
 rest of the project.
 
@@ -17,6 +18,7 @@ from kernels.dispatch import (
     AttentionPlan,
     SharedPrefix,
     decode_attention,
+    enable_cpu_kernels,
     extend_attention,
     get_kernel_backend,
     plan_decode,
@@ -30,6 +32,7 @@ __all__ = [
     "AttentionPlan",
     "SharedPrefix",
     "decode_attention",
+    "enable_cpu_kernels",
     "extend_attention",
     "get_kernel_backend",
     "plan_decode",

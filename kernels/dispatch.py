@@ -1,41 +1,63 @@
-"""One dispatcher for every op: Triton on CUDA, the torch reference elsewhere.
+"""One dispatcher for every op: Triton on CUDA; on the CPU, the native C kernels where one
+exists and has been built (``enable_cpu_kernels``), the torch reference otherwise.
 
 The choice is per call, by the device of the inputs, unless overridden with
-``set_kernel_backend("torch" | "triton" | "auto")``. Forcing "triton" runs the Triton
-kernels whatever the device: on CPU tensors that needs ``TRITON_INTERPRET=1`` in the
-environment when the kernel modules are first imported (the kernel tests do this).
+``set_kernel_backend("torch" | "cpu" | "triton" | "auto")``. Forcing "triton" runs the
+Triton kernels whatever the device: on CPU tensors that needs ``TRITON_INTERPRET=1`` in
+the environment when the kernel modules are first imported (the kernel tests do this).
+"cpu" uses a native kernel where there is one and the reference for the other ops.
 
 The Triton modules are imported lazily, on the first call that uses them, so importing
-``kernels`` never imports Triton.
+``kernels`` never imports Triton; the C kernels are compiled only by ``enable_cpu_kernels``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Literal
 
 import torch
 
 from kernels import reference
+from kernels.cpu import CpuDecodeAttention
 from kernels.reference.attention import AttentionPlan, SharedPrefix
 
-KernelBackend = Literal["auto", "torch", "triton"]
+KernelBackend = Literal["auto", "torch", "cpu", "triton"]
 _backend: KernelBackend = "auto"
+_cpu_decode: CpuDecodeAttention | None = None  # set by enable_cpu_kernels
+
+
+def enable_cpu_kernels(cache_dir: Path) -> None:
+    """Compile (once per machine, cached in ``cache_dir``) and load the native CPU kernels;
+    from then on "auto" uses them for CPU tensors.
+
+    Raises:
+        kernels.cpu.NativeBuildError: no C compiler, or the build failed; the torch
+            reference stays in use.
+    """
+    global _cpu_decode
+    if _cpu_decode is None:
+        _cpu_decode = CpuDecodeAttention(cache_dir)
 
 
 def set_kernel_backend(name: KernelBackend) -> None:
     """Force one implementation for every op ("auto" restores device-based choice)."""
     global _backend
-    if name not in ("auto", "torch", "triton"):
-        raise ValueError(f"unknown kernel backend {name!r}; use 'auto', 'torch' or 'triton'")
+    if name not in ("auto", "torch", "cpu", "triton"):
+        raise ValueError(f"unknown kernel backend {name!r}; use 'auto', 'torch', 'cpu' or 'triton'")
+    if name == "cpu" and _cpu_decode is None:
+        raise ValueError("the native CPU kernels are not built: call enable_cpu_kernels(cache_dir) first")
     _backend = name
 
 
-def get_kernel_backend(device: torch.device | None = None) -> Literal["torch", "triton"]:
+def get_kernel_backend(device: torch.device | None = None) -> Literal["torch", "cpu", "triton"]:
     """The implementation used for inputs on ``device``."""
     if _backend != "auto":
         return _backend
-    return "triton" if device is not None and device.type == "cuda" else "torch"
+    if device is not None and device.type == "cuda":
+        return "triton"
+    return "cpu" if _cpu_decode is not None else "torch"
 
 
 def _use_triton(t: torch.Tensor) -> bool:
@@ -85,13 +107,23 @@ def decode_attention(
     """See ``kernels.reference.attention.decode_attention``.
 
     ``plan`` (``plan_decode``, built once per forward pass, with any shared prefixes) only
-    changes the torch path's cost; the Triton kernel reads every page in place and needs
-    none.
+    changes the cost on the CPU; the Triton kernel reads every page in place and needs
+    none. The native CPU kernel reads the pages the plan leaves to each row in place and
+    merges the plan's shared prefixes as the reference does.
     """
     if _use_triton(q):
         from kernels.triton.decode_attention import decode_attention as triton_impl
 
         return triton_impl(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale)
+    native = _cpu_decode
+    if native is not None and get_kernel_backend(q.device) == "cpu" and native.supports(q, k_buffer):
+        if q.shape[0] == 0:
+            return torch.empty_like(q)
+        plan = plan or reference.plan_decode(page_table, seq_lens, page_size)
+        assert plan.page_table is not None and plan.seq_lens is not None, "not a decode plan"
+        out, lse = native(q, k_buffer, v_buffer, plan.page_table, plan.seq_lens, page_size, scale)
+        reference.merge_shared_prefixes(out, lse, q, plan, k_buffer, v_buffer, scale)
+        return out
     return reference.decode_attention(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale, plan=plan)
 
 

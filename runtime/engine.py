@@ -31,7 +31,13 @@ from runtime.cache.radix_tree import RadixTree
 from runtime.config import EngineConfig
 from runtime.constrained import GrammarCompiler
 from runtime.detokenizer import IncrementalDetokenizer
-from runtime.engine_setup import resolve_device, resolve_dtype, size_pool, use_prepacked_linears
+from runtime.engine_setup import (
+    enable_cpu_kernels,
+    resolve_device,
+    resolve_dtype,
+    size_pool,
+    use_prepacked_linears,
+)
 from runtime.errors import EngineClosedError, InvalidRequestError, PromptTooLongError
 from runtime.grammar_step import mask_logits
 from runtime.model.loader import load_model, load_tokenizer, read_config, resolve_model_dir
@@ -90,6 +96,8 @@ class Engine:
         self.model = load_model(self.model_dir, self.device, self.dtype, self.max_model_len)
         if cfg.prepack_weights and use_prepacked_linears(self.device, self.dtype):
             self.model.prepack_linears()
+        if self.device.type == "cpu":
+            enable_cpu_kernels()
         args = self.model.args
         self.vocab_size = args.vocab_size
         self.pool = PagePool(num_pages, cfg.page_size)

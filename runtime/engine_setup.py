@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
 import torch
 
+import kernels
 from kernels import onednn
+from kernels.cpu import NativeBuildError
+from runtime import env
 from runtime.cache.kv_cache import KVCache
 from runtime.config import EngineConfig
 from runtime.errors import InvalidRequestError
+
+log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -36,6 +42,15 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def use_prepacked_linears(device: torch.device, dtype: torch.dtype) -> bool:
     """oneDNN-prepacked linears pay on the CPU in fp32 (see ``kernels.onednn``)."""
     return device.type == "cpu" and dtype == torch.float32 and onednn.available()
+
+
+def enable_cpu_kernels() -> None:
+    """Build (once per machine, ~1 s) and use the native CPU kernels; without a C compiler
+    the torch reference stays in use, with a warning."""
+    try:
+        kernels.enable_cpu_kernels(env.cache_dir() / "kernels")
+    except NativeBuildError as exc:
+        log.warning("native CPU kernels unavailable, using the torch reference: %s", exc)
 
 
 def _free_memory_bytes(device: torch.device) -> int:

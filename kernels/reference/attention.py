@@ -130,6 +130,10 @@ class AttentionPlan:
     max_q: int  # query rows per request in the padded layout (1 for decode)
     scatter: torch.Tensor | None  # [T] int64: row of each query token in [B * max_q] (extend)
     prefixes: tuple[_PrefixPart, ...]  # shared-prefix parts, merged after the main part
+    # Decode only: each row's page table [B, max_pages] int32 and length [B] int32 without
+    # the pages a shared prefix covers (what a kernel reading the pages in place needs).
+    page_table: torch.Tensor | None = None
+    seq_lens: torch.Tensor | None = None
     _masks: dict[tuple[torch.dtype, int], torch.Tensor] = field(default_factory=dict, compare=False)
 
     def mask(self, dtype: torch.dtype, group: int) -> torch.Tensor:
@@ -157,7 +161,7 @@ def plan_decode(
         )
     slots, valid = token_slots(page_table, seq_lens, page_size, int(seq_lens.max()))
     prefixes = tuple(_PrefixPart(_page_slots(g.pages, page_size), g.rows) for g in shared)
-    return AttentionPlan(slots, valid[:, None, :], 1, None, prefixes)
+    return AttentionPlan(slots, valid[:, None, :], 1, None, prefixes, page_table=page_table, seq_lens=seq_lens)
 
 
 def plan_extend(
@@ -214,8 +218,7 @@ def run_plan(
         out, lse = _attend(q_pad.view(batch, plan.max_q, heads, dim), k, v, plan.mask(q.dtype, group), scale)
         out = out.reshape(batch * plan.max_q, heads, dim).index_select(0, plan.scatter)
         lse = lse.reshape(batch * plan.max_q, heads).index_select(0, plan.scatter)
-    for part in plan.prefixes:
-        _merge_prefix(out, lse, q, part, k_buffer, v_buffer, scale)
+    merge_shared_prefixes(out, lse, q, plan, k_buffer, v_buffer, scale)
     return out
 
 
@@ -288,6 +291,20 @@ def _drop_leading_pages(
     width = page_table.shape[1]
     cols = (torch.arange(width, device=skip.device)[None, :] + skip[:, None]).clamp(max=width - 1)
     return page_table.gather(1, cols.to(page_table.device)), (lens.long() - skip * page_size).to(lens.dtype)
+
+
+def merge_shared_prefixes(
+    out: torch.Tensor,  # [T, Hq, D], attention over the rest of each row's keys; updated in place
+    lse: torch.Tensor,  # [T, Hq] float32, its log-sum-exp
+    q: torch.Tensor,  # [T, Hq, D]
+    plan: AttentionPlan,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    scale: float,
+) -> None:
+    """Fold each of ``plan``'s shared prefixes into the rows that hold it."""
+    for part in plan.prefixes:
+        _merge_prefix(out, lse, q, part, k_buffer, v_buffer, scale)
 
 
 def _merge_prefix(

@@ -12,7 +12,7 @@ import torch
 from paged_batch import make_paged_batch, random_q
 
 import kernels
-from kernels import reference
+from kernels import dispatch, reference
 
 
 @pytest.fixture(autouse=True)
@@ -35,9 +35,28 @@ def _spy(monkeypatch: pytest.MonkeyPatch, module: str, name: str) -> list[int]:
     return calls
 
 
-def test_auto_uses_torch_on_cpu_and_triton_on_cuda() -> None:
+def test_auto_uses_torch_on_cpu_and_triton_on_cuda(no_native_cpu_kernels: None) -> None:
     assert kernels.get_kernel_backend(torch.device("cpu")) == "torch"
     assert kernels.get_kernel_backend(torch.device("cuda", 0)) == "triton"
+    with pytest.raises(ValueError, match="not built"):
+        kernels.set_kernel_backend("cpu")
+
+
+def test_auto_uses_the_native_kernels_on_cpu_once_built(
+    cpu_decode: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dispatch, "_cpu_decode", cpu_decode)
+    assert kernels.get_kernel_backend(torch.device("cpu")) == "cpu"
+    assert kernels.get_kernel_backend(torch.device("cuda", 0)) == "triton"
+    batch = make_paged_batch([5, 20], [1, 1], 2, 32, 16, torch.float32)
+    q = random_q(2, 4, 32, torch.float32)
+    args = (q, batch.k_buffer, batch.v_buffer, batch.page_table, batch.seq_lens, 16, 0.2)
+    torch_calls = _spy(monkeypatch, "kernels.reference", "decode_attention")
+    native_out = kernels.decode_attention(*args)
+    assert len(torch_calls) == 0
+    kernels.set_kernel_backend("torch")
+    torch.testing.assert_close(native_out, kernels.decode_attention(*args), atol=1e-5, rtol=1e-5)
+    assert len(torch_calls) == 1
 
 
 def test_forced_backend_wins_over_the_device() -> None:
@@ -50,7 +69,7 @@ def test_forced_backend_wins_over_the_device() -> None:
 
 
 def test_forcing_triton_runs_the_triton_kernels_on_cpu_tensors(
-    triton_kernels: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+    triton_kernels: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, no_native_cpu_kernels: None
 ) -> None:
     batch = make_paged_batch([5, 20], [1, 1], 2, 32, 16, torch.float32)
     q = random_q(2, 4, 32, torch.float32)

@@ -1,0 +1,78 @@
+"""Compile the C kernels of this folder once per machine and load them with ctypes.
+
+A kernel is one self-contained C file (no Python or torch headers), so a build is a single
+``cc`` call of about a second. The shared library is cached under the caller's cache
+directory, named by a hash of the source, the flags, the compiler and the CPU's feature
+flags (``-march=native`` code must not run on another CPU); a build goes to a temporary
+file first and is renamed into place, so concurrent processes never load a half-written
+library. OpenMP comes from the libgomp that torch has already loaded (same soname), so
+the kernels and torch share one thread pool.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+SOURCE_DIR = Path(__file__).resolve().parent
+CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp",
+          "-shared", "-fPIC", "-Wall", "-Werror")
+
+
+class NativeBuildError(RuntimeError):
+    """The C kernels could not be compiled or loaded on this machine."""
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return platform.processor()
+
+
+def _compiler() -> str:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise NativeBuildError("no C compiler found (install gcc, or set CC)")
+    return cc
+
+
+def build_library(name: str, cache_dir: Path) -> ctypes.CDLL:
+    """Compile ``<name>.c`` (if not cached) and load it.
+
+    Raises:
+        NativeBuildError: no compiler, a failed compile, or a library that won't load.
+    """
+    source = SOURCE_DIR / f"{name}.c"
+    cc = _compiler()
+    key = hashlib.sha256()
+    for part in (source.read_bytes(), " ".join(CFLAGS).encode(), cc.encode(),
+                 platform.machine().encode(), _cpu_flags().encode()):
+        key.update(part)
+    target = cache_dir / f"{name}-{key.hexdigest()[:16]}.so"
+    if not target.exists():
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache_dir)
+        os.close(fd)
+        try:
+            done = subprocess.run([cc, *CFLAGS, "-o", tmp, str(source), "-lm"],
+                                  capture_output=True, text=True, timeout=120)
+            if done.returncode != 0:
+                raise NativeBuildError(f"{cc} failed on {source.name}:\n{done.stderr.strip()}")
+            os.replace(tmp, target)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise NativeBuildError(f"could not run {cc}: {exc}") from exc
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    try:
+        return ctypes.CDLL(str(target))
+    except OSError as exc:
+        raise NativeBuildError(f"could not load {target}: {exc}") from exc

@@ -1,0 +1,71 @@
+"""Paged decode attention for the CPU in C: the wrapper that checks what the kernel reads.
+
+The kernel (``decode_attention.c``) reads each request's K/V pages once, in place, and
+returns the attention output with each row's log-sum-exp, so shared-prefix partial
+results merge into it exactly as into the torch reference's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kernels.cpu.build import build_library
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+_ARGTYPES: list[Any] = [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, ctypes.c_float, ctypes.c_int]
+MAX_HEADS, MAX_DIM = 64, 256  # as in decode_attention.c
+
+
+class CpuDecodeAttention:
+    """The compiled kernel; ``__call__`` has the reference's argument order."""
+
+    def __init__(self, cache_dir: Path) -> None:
+        self._fn = build_library("decode_attention", cache_dir).arbor_decode_attention
+        self._fn.argtypes = _ARGTYPES
+        self._fn.restype = ctypes.c_int
+
+    @staticmethod
+    def supports(q: torch.Tensor, k_buffer: torch.Tensor) -> bool:
+        """fp32 CPU tensors within the kernel's head limits (otherwise: the reference)."""
+        return (q.device.type == "cpu" and q.dtype == torch.float32 and k_buffer.dtype == torch.float32
+                and q.shape[1] <= MAX_HEADS and q.shape[2] <= MAX_DIM)
+
+    def __call__(
+        self,
+        q: torch.Tensor,  # [B, Hq, D] fp32
+        k_buffer: torch.Tensor,  # [num_slots, Hkv, D] fp32, contiguous
+        v_buffer: torch.Tensor,  # [num_slots, Hkv, D] fp32, contiguous
+        page_table: torch.Tensor,  # [B, max_pages] int32
+        seq_lens: torch.Tensor,  # [B] int32
+        page_size: int,
+        scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # out [B, Hq, D], lse [B, Hq] (natural log)
+        batch, heads, dim = q.shape
+        num_slots, kv_heads, _ = k_buffer.shape
+        if not (k_buffer.is_contiguous() and v_buffer.is_contiguous()) or v_buffer.shape != k_buffer.shape:
+            raise ValueError("k_buffer and v_buffer must be contiguous [num_slots, Hkv, D] of one shape")
+        if k_buffer.shape[2] != dim or heads % kv_heads:
+            raise ValueError(f"q {tuple(q.shape)} does not fit a KV pool of {tuple(k_buffer.shape)}")
+        if page_table.dtype != torch.int32 or seq_lens.dtype != torch.int32:
+            raise ValueError("page_table and seq_lens must be int32")
+        if page_table.shape[0] != batch or seq_lens.shape != (batch,):
+            raise ValueError(f"page_table {tuple(page_table.shape)} / seq_lens {tuple(seq_lens.shape)} "
+                             f"do not match a batch of {batch}")
+        q = q.contiguous()
+        table, lens = page_table.contiguous(), seq_lens.contiguous()
+        out = torch.empty_like(q)
+        lse = torch.empty(batch, heads, dtype=torch.float32)
+        if batch == 0:
+            return out, lse
+        status = self._fn(q.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(), table.data_ptr(),
+                          lens.data_ptr(), out.data_ptr(), lse.data_ptr(), batch, heads, kv_heads, dim,
+                          table.shape[1], page_size, num_slots, scale, torch.get_num_threads())
+        if status == 1:
+            raise ValueError("a sequence length or page id lies outside the page table or the KV pool")
+        if status != 0:
+            raise ValueError(f"decode attention kernel refused its arguments (status {status})")
+        return out, lse
