@@ -6,11 +6,12 @@ the converted default-model directory in fp32 with SDPA attention and generates 
 left-padded batch.
 
     .venv/bin/python benchmarks/bench_offline.py [--batches 1 8 32 64] [--repeats 1] [--no-prepack]
-        [--torch-attention]
+        [--torch-kernels]
 
 ``--no-prepack`` runs Arbor with plain ``F.linear`` weights (``prepack_weights=False``),
-the baseline for the oneDNN-prepacked linears; ``--torch-attention`` runs decode attention
-on the torch reference instead of the native CPU kernel (``kernels/cpu``).
+the baseline for the oneDNN-prepacked linears; ``--torch-kernels`` runs attention, norms,
+activation and rotary embedding on the torch reference instead of the native CPU kernels
+(``kernels/cpu``).
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--no-prepack", action="store_true", help="plain F.linear weights (the baseline)")
-    ap.add_argument("--torch-attention", action="store_true",
-                    help="the torch reference for decode attention (the native kernel's baseline)")
+    ap.add_argument("--torch-kernels", action="store_true",
+                    help="the torch reference ops instead of the native CPU kernels (their baseline)")
     ap.add_argument("--speculation", action="store_true",
                     help="leave prompt-lookup speculation on (off by default: this measures plain "
                          "decode, and the benchmark's repetitive prompts would flatter it)")
@@ -69,7 +70,7 @@ def main() -> None:
     print(reproduce_line())
     engine = Engine(model="default", page_size=16, speculation=args.speculation,
                     prepack_weights=not args.no_prepack)
-    if args.torch_attention:
+    if args.torch_kernels:
         kernels.set_kernel_backend("torch")
     hf = None
     if not args.skip_hf:

@@ -17,6 +17,8 @@ KV pool layout (shared by every op)::
 from kernels.dispatch import (
     AttentionPlan,
     SharedPrefix,
+    add_rms_norm,
+    apply_rotary,
     decode_attention,
     enable_cpu_kernels,
     extend_attention,
@@ -25,12 +27,15 @@ from kernels.dispatch import (
     plan_extend,
     rms_norm,
     set_kernel_backend,
+    silu_and_mul,
     store_kv,
 )
 
 __all__ = [
     "AttentionPlan",
     "SharedPrefix",
+    "add_rms_norm",
+    "apply_rotary",
     "decode_attention",
     "enable_cpu_kernels",
     "extend_attention",
@@ -39,5 +44,6 @@ __all__ = [
     "plan_extend",
     "rms_norm",
     "set_kernel_backend",
+    "silu_and_mul",
     "store_kv",
 ]

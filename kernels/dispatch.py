@@ -20,12 +20,12 @@ from typing import Literal
 import torch
 
 from kernels import reference
-from kernels.cpu import CpuDecodeAttention
+from kernels.cpu import CpuElementwise, CpuKernels
 from kernels.reference.attention import AttentionPlan, SharedPrefix
 
 KernelBackend = Literal["auto", "torch", "cpu", "triton"]
 _backend: KernelBackend = "auto"
-_cpu_decode: CpuDecodeAttention | None = None  # set by enable_cpu_kernels
+_cpu: CpuKernels | None = None  # set by enable_cpu_kernels
 
 
 def enable_cpu_kernels(cache_dir: Path) -> None:
@@ -36,9 +36,9 @@ def enable_cpu_kernels(cache_dir: Path) -> None:
         kernels.cpu.NativeBuildError: no C compiler, or the build failed; the torch
             reference stays in use.
     """
-    global _cpu_decode
-    if _cpu_decode is None:
-        _cpu_decode = CpuDecodeAttention(cache_dir)
+    global _cpu
+    if _cpu is None:
+        _cpu = CpuKernels.build(cache_dir)
 
 
 def set_kernel_backend(name: KernelBackend) -> None:
@@ -46,7 +46,7 @@ def set_kernel_backend(name: KernelBackend) -> None:
     global _backend
     if name not in ("auto", "torch", "cpu", "triton"):
         raise ValueError(f"unknown kernel backend {name!r}; use 'auto', 'torch', 'cpu' or 'triton'")
-    if name == "cpu" and _cpu_decode is None:
+    if name == "cpu" and _cpu is None:
         raise ValueError("the native CPU kernels are not built: call enable_cpu_kernels(cache_dir) first")
     _backend = name
 
@@ -57,11 +57,17 @@ def get_kernel_backend(device: torch.device | None = None) -> Literal["torch", "
         return _backend
     if device is not None and device.type == "cuda":
         return "triton"
-    return "cpu" if _cpu_decode is not None else "torch"
+    return "cpu" if _cpu is not None else "torch"
 
 
 def _use_triton(t: torch.Tensor) -> bool:
     return get_kernel_backend(t.device) == "triton"
+
+
+def _native_elementwise(t: torch.Tensor) -> CpuElementwise | None:
+    """The C elementwise kernels when the "cpu" backend serves ``t``'s device."""
+    native = _cpu
+    return native.elementwise if native is not None and get_kernel_backend(t.device) == "cpu" else None
 
 
 def store_kv(
@@ -115,7 +121,7 @@ def decode_attention(
         from kernels.triton.decode_attention import decode_attention as triton_impl
 
         return triton_impl(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale)
-    native = _cpu_decode
+    native = _cpu.decode_attention if _cpu is not None else None
     if native is not None and get_kernel_backend(q.device) == "cpu" and native.supports(q, k_buffer):
         if q.shape[0] == 0:
             return torch.empty_like(q)
@@ -163,4 +169,40 @@ def rms_norm(
         from kernels.triton.rms_norm import rms_norm as triton_impl
 
         return triton_impl(x, weight, eps)
+    native = _native_elementwise(x)
+    if native is not None and (out := native.rms_norm(x, weight, eps)) is not None:
+        return out
     return reference.rms_norm(x, weight, eps)
+
+
+def add_rms_norm(
+    x: torch.Tensor,  # [..., hidden]
+    residual: torch.Tensor,  # [..., hidden], consumed (may be updated in place)
+    weight: torch.Tensor,  # [hidden]
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # (normed, new residual)
+    """See ``kernels.reference.norm.add_rms_norm``."""
+    if _use_triton(x):
+        from kernels.triton.rms_norm import rms_norm as triton_impl
+
+        summed = residual + x
+        return triton_impl(summed, weight, eps), summed
+    native = _native_elementwise(x)
+    if native is not None and (done := native.add_rms_norm(x, residual, weight, eps)) is not None:
+        return done
+    return reference.add_rms_norm(x, residual, weight, eps)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]
+    """See ``kernels.reference.activation.silu_and_mul``."""
+    native = _native_elementwise(gate_up)
+    if native is not None and (out := native.silu_and_mul(gate_up)) is not None:
+        return out
+    return reference.silu_and_mul(gate_up)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """See ``kernels.reference.rotary.apply_rotary`` (in place)."""
+    native = _native_elementwise(x)
+    if native is None or not native.apply_rotary(x, cos, sin):
+        reference.apply_rotary(x, cos, sin)

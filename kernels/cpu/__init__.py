@@ -1,12 +1,35 @@
 """Native CPU kernels, in C, for the ops where torch's CPU path is far from the machine.
 
 Compiled once per machine on first use (``build.py``) and called through ctypes; each
-keeps the torch reference as its specification and its fallback. Today: paged decode
-attention (the torch path gathers every request's K/V into a padded copy for SDPA; the
-kernel reads the pages in place, ~3.5x faster at batch 32).
+keeps the torch reference as its specification and its fallback:
+
+- paged decode attention (``decode_attention.c``): the torch path gathers every request's
+  K/V into a padded copy for SDPA; the kernel reads the pages in place;
+- the small ops of a block (``elementwise.c``): residual add + RMSNorm, SiLU-and-mul,
+  rotary embedding in place, each one pass instead of 4-10 torch ops.
 """
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
 
 from kernels.cpu.build import NativeBuildError
 from kernels.cpu.decode_attention import CpuDecodeAttention
+from kernels.cpu.elementwise import CpuElementwise
 
-__all__ = ["CpuDecodeAttention", "NativeBuildError"]
+
+@dataclass(frozen=True)
+class CpuKernels:
+    """Every native CPU kernel, built together."""
+
+    decode_attention: CpuDecodeAttention
+    elementwise: CpuElementwise
+
+    @classmethod
+    def build(cls, cache_dir: Path) -> CpuKernels:
+        """Compile (or load from ``cache_dir``) every kernel; raises ``NativeBuildError``."""
+        return cls(CpuDecodeAttention(cache_dir), CpuElementwise(cache_dir))
+
+
+__all__ = ["CpuDecodeAttention", "CpuElementwise", "CpuKernels", "NativeBuildError"]

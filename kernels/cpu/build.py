@@ -1,7 +1,7 @@
 """Compile the C kernels of this folder once per machine and load them with ctypes.
 
-A kernel is one self-contained C file (no Python or torch headers), so a build is a single
-``cc`` call of about a second. The shared library is cached under the caller's cache
+A kernel is one C file (plus this folder's headers; no Python or torch headers), so a
+build is a single ``cc`` call of about a second. The shared library is cached under the caller's cache
 directory, named by a hash of the source, the flags, the compiler and the CPU's feature
 flags (``-march=native`` code must not run on another CPU); a build goes to a temporary
 file first and is renamed into place, so concurrent processes never load a half-written
@@ -53,7 +53,8 @@ def build_library(name: str, cache_dir: Path) -> ctypes.CDLL:
     source = SOURCE_DIR / f"{name}.c"
     cc = _compiler()
     key = hashlib.sha256()
-    for part in (source.read_bytes(), " ".join(CFLAGS).encode(), cc.encode(),
+    headers = [h.read_bytes() for h in sorted(SOURCE_DIR.glob("*.h"))]
+    for part in (source.read_bytes(), *headers, " ".join(CFLAGS).encode(), cc.encode(),
                  platform.machine().encode(), _cpu_flags().encode()):
         key.update(part)
     target = cache_dir / f"{name}-{key.hexdigest()[:16]}.so"

@@ -1,6 +1,7 @@
 """Pure-torch reference ops: the specification of every kernel, and the CPU path wherever
 ``kernels.cpu`` has no native kernel (or none could be built)."""
 
+from kernels.reference.activation import silu_and_mul
 from kernels.reference.attention import (
     decode_attention,
     extend_attention,
@@ -9,9 +10,10 @@ from kernels.reference.attention import (
     plan_extend,
     store_kv,
 )
-from kernels.reference.norm import rms_norm
+from kernels.reference.norm import add_rms_norm, rms_norm
+from kernels.reference.rotary import apply_rotary
 
 __all__ = [
-    "decode_attention", "extend_attention", "merge_shared_prefixes", "plan_decode", "plan_extend",
-    "rms_norm", "store_kv",
+    "add_rms_norm", "apply_rotary", "decode_attention", "extend_attention", "merge_shared_prefixes",
+    "plan_decode", "plan_extend", "rms_norm", "silu_and_mul", "store_kv",
 ]

@@ -18,7 +18,7 @@ from torch import nn
 import kernels
 from kernels.onednn import PackedLinear
 from runtime.model.attention import AttentionMetadata, paged_attention
-from runtime.model.rope import RotaryEmbedding, rotate
+from runtime.model.rope import RotaryEmbedding
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,11 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return kernels.rms_norm(x, self.weight, self.eps)
 
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm of ``residual + x``, ``residual + x``): the residual add before the norm,
+        fused. ``residual`` is consumed (the CPU kernel updates it in place)."""
+        return kernels.add_rms_norm(x, residual, self.weight, self.eps)
+
 
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs, layer_idx: int) -> None:
@@ -93,10 +98,10 @@ class Attention(nn.Module):
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x)
         q_size, kv_size, _ = self.split
-        # q and k are adjacent in the fused output: rotate both heads' worth in one go.
+        # q and k are adjacent in the fused output: rotate both heads' worth in place.
         heads = self.num_heads + self.num_kv_heads
-        qk = rotate(qkv[:, : q_size + kv_size].view(num_tokens, heads, self.head_dim), *rope)
-        qk = qk.to(x.dtype)
+        qk = qkv[:, : q_size + kv_size].view(num_tokens, heads, self.head_dim)
+        kernels.apply_rotary(qk, *rope)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, q_size + kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
         out = paged_attention(q, k, v, self.layer_idx, self.scale, meta)  # [T, Hq, D]
@@ -111,8 +116,7 @@ class MLP(nn.Module):
         self.down_proj: nn.Module = nn.Linear(self.inter, args.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -124,10 +128,20 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(args)
 
     def forward(
-        self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata
-    ) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), rope, meta)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        self,
+        h: torch.Tensor,  # [T, hidden], the previous layer's output (the embeddings for layer 0)
+        residual: torch.Tensor | None,  # [T, hidden], the residual stream before h; None at layer 0
+        rope: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (this layer's output, the residual stream before it)
+        """HF's ``h = h + attn(norm(h)); h = h + mlp(norm(h))``, with each residual add
+        fused into the norm after it (the last one into the next layer's, or the final norm)."""
+        if residual is None:
+            x, residual = self.input_layernorm(h), h
+        else:
+            x, residual = self.input_layernorm.add_and_norm(h, residual)
+        x, residual = self.post_attention_layernorm.add_and_norm(self.self_attn(x, rope, meta), residual)
+        return self.mlp(x), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -170,9 +184,11 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:  # [N, vocab] float32
         h = self.embed_tokens(input_ids)
         rope = self.rope.lookup(positions)  # the same for every layer
+        residual: torch.Tensor | None = None
         for layer in self.layers:
-            h = layer(h, rope, meta)
-        h = self.norm(h.index_select(0, logits_idx))
+            h, residual = layer(h, residual, rope, meta)
+        assert residual is not None, "a model has at least one layer"
+        h, _ = self.norm.add_and_norm(h.index_select(0, logits_idx), residual.index_select(0, logits_idx))
         if self.lm_head is None:  # tied, not prepacked
             return F.linear(h, self.embed_tokens.weight).float()
         return self.lm_head(h).float()

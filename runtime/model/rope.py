@@ -38,7 +38,7 @@ def _llama3_scale(inv_freq: torch.Tensor, rope: dict[str, Any]) -> torch.Tensor:
 
 class RotaryEmbedding(torch.nn.Module):
     """cos/sin table for positions ``0 .. max_positions-1``, looked up by position index
-    (``lookup``) and applied with ``rotate``."""
+    (``lookup``) and applied with ``kernels.apply_rotary``."""
 
     def __init__(self, head_dim: int, max_positions: int, rope: dict[str, Any]) -> None:
         super().__init__()
@@ -53,12 +53,3 @@ class RotaryEmbedding(torch.nn.Module):
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [T, 1, D/2] for token positions [T]: once per forward pass."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` [T, H, D] by per-token ``cos``/``sin`` [T, 1, D/2] (computed in fp32)."""
-    half = x.shape[-1] // 2
-    if x.dtype != torch.float32:
-        x = x.float()
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

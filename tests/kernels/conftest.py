@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import pytest
 
 from kernels import dispatch
-from kernels.cpu import CpuDecodeAttention, NativeBuildError
+from kernels.cpu import CpuDecodeAttention, CpuKernels, NativeBuildError
 
 TRITON_KERNEL_MODULES = ("store_kv", "decode_attention", "extend_attention", "rms_norm")
 
@@ -68,19 +68,24 @@ def triton_kernels() -> Iterator[SimpleNamespace]:
 
 
 @pytest.fixture(scope="session")
-def cpu_decode(tmp_path_factory: pytest.TempPathFactory) -> CpuDecodeAttention:
-    """The native CPU decode-attention kernel, built into a fresh cache directory (this
-    also tests the build). Skips where no C compiler exists."""
+def cpu_kernels(tmp_path_factory: pytest.TempPathFactory) -> CpuKernels:
+    """The native CPU kernels, built into a fresh cache directory (this also tests the
+    build). Skips where no C compiler exists."""
     try:
-        return CpuDecodeAttention(tmp_path_factory.mktemp("kernel-cache"))
+        return CpuKernels.build(tmp_path_factory.mktemp("kernel-cache"))
     except NativeBuildError as exc:
         if "no C compiler" in str(exc):
             pytest.skip(str(exc))
         raise
 
 
+@pytest.fixture(scope="session")
+def cpu_decode(cpu_kernels: CpuKernels) -> CpuDecodeAttention:
+    return cpu_kernels.decode_attention
+
+
 @pytest.fixture()
 def no_native_cpu_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     """The dispatcher as in a process that never built the native CPU kernels (an engine
     built earlier in the session enables them process-wide)."""
-    monkeypatch.setattr(dispatch, "_cpu_decode", None)
+    monkeypatch.setattr(dispatch, "_cpu", None)

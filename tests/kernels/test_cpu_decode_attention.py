@@ -13,7 +13,7 @@ from paged_batch import make_paged_batch, naive_attention, random_q
 
 import kernels
 from kernels import SharedPrefix, dispatch, reference
-from kernels.cpu import CpuDecodeAttention, NativeBuildError
+from kernels.cpu import CpuDecodeAttention, CpuKernels, NativeBuildError
 
 SEQ_LENS = [1, 5, 31, 32, 33, 64, 100, 257]
 
@@ -91,9 +91,9 @@ def test_bad_tables_raise_instead_of_reading_outside_the_pool(cpu_decode: CpuDec
 
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_dispatch_merges_shared_prefixes(
-    cpu_decode: CpuDecodeAttention, monkeypatch: pytest.MonkeyPatch, page_size: int
+    cpu_kernels: CpuKernels, monkeypatch: pytest.MonkeyPatch, page_size: int
 ) -> None:
-    monkeypatch.setattr(dispatch, "_cpu_decode", cpu_decode)
+    monkeypatch.setattr(dispatch, "_cpu", cpu_kernels)
     seq_lens = [40, 50, 70, 36, 45]
     batch = _decode_batch(seq_lens, 3, 64, page_size)
     pages = 32 // page_size
@@ -109,9 +109,10 @@ def test_dispatch_merges_shared_prefixes(
 
 
 def test_unsupported_dtype_falls_back_to_the_reference(
-    cpu_decode: CpuDecodeAttention, monkeypatch: pytest.MonkeyPatch
+    cpu_kernels: CpuKernels, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(dispatch, "_cpu_decode", cpu_decode)
+    monkeypatch.setattr(dispatch, "_cpu", cpu_kernels)
+    cpu_decode = cpu_kernels.decode_attention
     batch = make_paged_batch([9], [1], 1, 64, 1, torch.bfloat16)
     q = random_q(1, 2, 64, torch.bfloat16)
     assert not cpu_decode.supports(q, batch.k_buffer)

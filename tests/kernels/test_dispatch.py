@@ -43,9 +43,9 @@ def test_auto_uses_torch_on_cpu_and_triton_on_cuda(no_native_cpu_kernels: None) 
 
 
 def test_auto_uses_the_native_kernels_on_cpu_once_built(
-    cpu_decode: Any, monkeypatch: pytest.MonkeyPatch
+    cpu_kernels: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(dispatch, "_cpu_decode", cpu_decode)
+    monkeypatch.setattr(dispatch, "_cpu", cpu_kernels)
     assert kernels.get_kernel_backend(torch.device("cpu")) == "cpu"
     assert kernels.get_kernel_backend(torch.device("cuda", 0)) == "triton"
     batch = make_paged_batch([5, 20], [1, 1], 2, 32, 16, torch.float32)
