@@ -20,12 +20,13 @@ from typing import Literal
 import torch
 
 from kernels import reference
-from kernels.cpu import CpuElementwise, CpuKernels
+from kernels.cpu import CpuElementwise, CpuKernels, NativeBuildError
 from kernels.reference.attention import AttentionPlan, SharedPrefix
 
 KernelBackend = Literal["auto", "torch", "cpu", "triton"]
 _backend: KernelBackend = "auto"
 _cpu: CpuKernels | None = None  # set by enable_cpu_kernels
+_cpu_build_error: NativeBuildError | None = None  # a failed build is not retried
 
 
 def enable_cpu_kernels(cache_dir: Path) -> None:
@@ -33,12 +34,19 @@ def enable_cpu_kernels(cache_dir: Path) -> None:
     from then on "auto" uses them for CPU tensors.
 
     Raises:
-        kernels.cpu.NativeBuildError: no C compiler, or the build failed; the torch
-            reference stays in use.
+        kernels.cpu.NativeBuildError: no C compiler, or the build failed (then again on
+            every later call, without retrying); the torch reference stays in use.
     """
-    global _cpu
-    if _cpu is None:
+    global _cpu, _cpu_build_error
+    if _cpu is not None:
+        return
+    if _cpu_build_error is not None:
+        raise _cpu_build_error
+    try:
         _cpu = CpuKernels.build(cache_dir)
+    except NativeBuildError as exc:
+        _cpu_build_error = exc
+        raise
 
 
 def set_kernel_backend(name: KernelBackend) -> None:

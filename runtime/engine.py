@@ -33,6 +33,7 @@ from runtime.constrained import GrammarCompiler
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.engine_setup import (
     enable_cpu_kernels,
+    freeze_gc,
     resolve_device,
     resolve_dtype,
     size_pool,
@@ -106,7 +107,8 @@ class Engine:
         self.cache: PrefixCache = NoPrefixCache(self.pool) if cfg.disable_prefix_cache else RadixTree(self.pool)
         self.scheduler = Scheduler(self.pool, self.cache, make_policy(cfg.schedule_policy),
                                    cfg.max_running_requests, cfg.max_prefill_tokens,
-                                   cfg.decode_reserve_tokens, cfg.chunked_prefill_size)
+                                   cfg.decode_reserve_tokens,
+                                   cfg.chunked_prefill_size or (512 if self.device.type == "cuda" else 16))
         self.runner = ModelRunner(self.model, self.kv, self.device)
         self._generator = torch.Generator().manual_seed(cfg.seed)
         self._tracked: dict[str, _Tracked] = {}
@@ -125,6 +127,8 @@ class Engine:
         self._grammar: GrammarCompiler | None = None  # built on the first constraint
         self._grammar_lock = threading.Lock()
         self._pending: dict[str, Future[Any]] = {}  # request id -> grammar still compiling
+        if cfg.freeze_gc:  # NOTE: last, so the model and the engine's own state are frozen too
+            freeze_gc()
 
     @property
     def grammar_compiler(self) -> GrammarCompiler:

@@ -1,7 +1,10 @@
-"""Decisions made once when an engine starts: device, dtype, KV pool size."""
+"""Decisions made once when an engine starts: device, dtype, KV pool size, native kernels,
+the garbage collector."""
 
 from __future__ import annotations
 
+import atexit
+import gc
 import logging
 import os
 from typing import Any
@@ -17,6 +20,7 @@ from runtime.config import EngineConfig
 from runtime.errors import InvalidRequestError
 
 log = logging.getLogger(__name__)
+_gc_unfreeze_registered = False
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -51,6 +55,20 @@ def enable_cpu_kernels() -> None:
         kernels.enable_cpu_kernels(env.cache_dir() / "kernels")
     except NativeBuildError as exc:
         log.warning("native CPU kernels unavailable, using the torch reference: %s", exc)
+
+
+def freeze_gc() -> None:
+    """Collect, then freeze every live object (see ``EngineConfig.freeze_gc``). They are
+    unfrozen at exit, so the interpreter's last collection still finalizes them (extension
+    types such as Triton's complain about instances that outlive it)."""
+    global _gc_unfreeze_registered
+    gc.collect()
+    gc.freeze()
+    if not _gc_unfreeze_registered:
+        atexit.register(gc.unfreeze)
+        _gc_unfreeze_registered = True
+
+
 
 
 def _free_memory_bytes(device: torch.device) -> int:

@@ -3,8 +3,8 @@
  * The torch path gathers every request's K/V into a padded copy and runs SDPA on it, so
  * the keys cross memory three times and padding is computed, then masked. Here each
  * request reads its keys and values once, in place, block by block with an online
- * softmax; every query head reads the K/V row of its KV head while that row is in L1
- * (GQA costs no extra memory traffic).
+ * softmax; every query head reads its KV head's rows of a block while the block is in
+ * L2 (GQA costs no extra memory traffic). One request per thread at a time.
  *
  * Layout (see kernels/__init__.py): k, v [num_slots, Hkv, D]; slot = page * page_size +
  * offset; page_table [B, max_pages] int32; seq_lens [B] int32; q, out [B, Hq, D];
@@ -12,7 +12,7 @@
  * out is 0), so partial results over disjoint key sets merge exactly.
  *
  * Returns 0; 1 when a length or page id is out of range (nothing is read outside the
- * pool; the outputs are then unspecified); 2 for a head_dim over 256 or Hq % Hkv != 0.
+ * pool; the outputs are then unspecified); 2 for a head_dim or Hq over 256, or Hq % Hkv != 0.
  */
 #include <math.h>
 #include <stdint.h>
@@ -22,6 +22,7 @@
 
 #define BLOCK 32      /* tokens scored between softmax updates */
 #define MAX_DIM 256   /* head_dim */
+#define MAX_HEADS 256 /* query heads (per-head state lives on the thread's stack) */
 
 static void finish_head(const float *acc, float run_max, float run_sum, int64_t dim, float *out,
                         float *lse) {
@@ -201,7 +202,7 @@ int arbor_decode_attention(const float *q, const float *k, const float *v,
                            float *lse, int64_t batch, int64_t hq, int64_t hkv, int64_t dim,
                            int64_t max_pages, int64_t page_size, int64_t num_slots, float scale,
                            int num_threads) {
-    if (hkv <= 0 || hq % hkv != 0 || dim > MAX_DIM) return 2;
+    if (hkv <= 0 || hq % hkv != 0 || hq > MAX_HEADS || dim > MAX_DIM) return 2;
     const int64_t num_pages = num_slots / page_size;
     int bad = 0;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads) reduction(| : bad)

@@ -17,7 +17,7 @@ from kernels.cpu.build import build_library
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _ARGTYPES: list[Any] = [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, ctypes.c_float, ctypes.c_int]
-MAX_HEADS, MAX_DIM = 64, 256  # as in decode_attention.c
+MAX_HEADS, MAX_DIM = 256, 256  # as in decode_attention.c
 
 
 class CpuDecodeAttention:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -13,6 +14,7 @@ from paged_batch import make_paged_batch, random_q
 
 import kernels
 from kernels import dispatch, reference
+from kernels.cpu import NativeBuildError
 
 
 @pytest.fixture(autouse=True)
@@ -107,3 +109,17 @@ def test_forced_triton_routes_every_op(
         "rms_norm": 1,
     }
     torch.testing.assert_close(out, reference.rms_norm(q, torch.ones(16), 1e-6))
+
+
+def test_a_failed_cpu_kernel_build_keeps_the_reference_and_is_not_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dispatch, "_cpu", None)
+    monkeypatch.setattr(dispatch, "_cpu_build_error", None)
+    monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
+    runs = _spy(monkeypatch, "subprocess", "run")
+    for _ in range(2):
+        with pytest.raises(NativeBuildError, match="false failed"):
+            kernels.enable_cpu_kernels(tmp_path)
+    assert len(runs) == 1
+    assert kernels.get_kernel_backend(torch.device("cpu")) == "torch"
