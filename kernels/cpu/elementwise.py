@@ -21,7 +21,7 @@ def _fp32_cpu(*tensors: torch.Tensor) -> bool:
 class CpuElementwise:
     """The compiled kernels. Each method takes what the torch reference takes and returns
     ``None`` when its inputs are not ones the kernel handles (the caller then runs the
-    reference)."""
+    reference, which raises for shapes that are wrong rather than just unsupported)."""
 
     def __init__(self, cache_dir: Path) -> None:
         lib = build_library("elementwise", cache_dir)
@@ -36,7 +36,8 @@ class CpuElementwise:
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
         """``weight * x / rms(x)`` over the last dim, or None (not fp32 / not contiguous)."""
-        if not (_fp32_cpu(x, weight) and x.is_contiguous() and weight.is_contiguous()):
+        if not (_fp32_cpu(x, weight) and x.is_contiguous() and weight.is_contiguous()
+                and weight.shape == x.shape[-1:]):
             return None
         out = torch.empty_like(x)
         self._norm(None, x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // x.shape[-1],
@@ -49,7 +50,8 @@ class CpuElementwise:
         """(norm of ``x + residual``, ``x + residual``) with the sum written into
         ``residual`` in place; or None."""
         tensors = (x, residual, weight)
-        if not (_fp32_cpu(*tensors) and all(t.is_contiguous() for t in tensors) and x.shape == residual.shape):
+        if not (_fp32_cpu(*tensors) and all(t.is_contiguous() for t in tensors)
+                and x.shape == residual.shape and weight.shape == x.shape[-1:]):
             return None
         out = torch.empty_like(x)
         self._norm(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), out.data_ptr(),
@@ -58,7 +60,8 @@ class CpuElementwise:
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor | None:
         """``silu(gate) * up`` of ``gate_up = [gate | up]`` [T, 2I] -> [T, I]; or None."""
-        if not (_fp32_cpu(gate_up) and gate_up.is_contiguous() and gate_up.dim() == 2):
+        if not (_fp32_cpu(gate_up) and gate_up.is_contiguous() and gate_up.dim() == 2
+                and gate_up.shape[1] % 2 == 0):
             return None
         rows, width = gate_up.shape
         out = torch.empty(rows, width // 2, dtype=gate_up.dtype)
@@ -69,7 +72,7 @@ class CpuElementwise:
         """Rotate ``x`` [T, H, D] in place by ``cos``/``sin`` [T, 1, D/2]; False when the
         layout is not one the kernel walks (heads contiguous within a token row)."""
         tokens, heads, dim = x.shape
-        if not (_fp32_cpu(x, cos, sin) and x.stride(2) == 1 and x.stride(1) == dim
+        if not (_fp32_cpu(x, cos, sin) and dim % 2 == 0 and x.stride(2) == 1 and x.stride(1) == dim
                 and cos.is_contiguous() and sin.is_contiguous() and cos.numel() == tokens * (dim // 2)
                 and sin.shape == cos.shape):
             return False

@@ -75,3 +75,13 @@ def test_declined_inputs_fall_back_to_the_reference(
     before = heads_apart.clone()
     kernels.apply_rotary(heads_apart, cos, sin)  # identity rotation through the reference
     torch.testing.assert_close(heads_apart, before)
+
+
+def test_mismatched_shapes_are_declined_not_read_past(native: CpuElementwise) -> None:
+    x = _randn(4, 64, seed=10)
+    assert native.rms_norm(x, torch.ones(32), 1e-5) is None
+    assert native.add_rms_norm(x, x.clone(), torch.ones(65), 1e-5) is None
+    assert native.add_rms_norm(x, _randn(4, 32, seed=11), torch.ones(64), 1e-5) is None
+    assert native.silu_and_mul(_randn(4, 63, seed=12)) is None
+    with pytest.raises(RuntimeError):  # the reference is what reports the mismatch
+        kernels.rms_norm(x, torch.ones(32), 1e-5)
