@@ -30,7 +30,7 @@ class EngineConfig:
     # Prefill tokens per step while other requests decode (stall-free batching): long
     # prompts advance in chunks this small so running streams keep their pace. None: 16 on
     # the CPU, where a step's cost grows with every row (measured, 16 streams decoding
-    # while a 2,000-token prompt arrives: their p99 inter-token latency 1.7x their ITL
+    # while a 2,000-token prompt arrives: their p99 inter-token latency 1.4-1.7x their ITL
     # alone with 16-token chunks, 2.3-3.6x with 32), and 512 on CUDA, where it stays flat
     # for a few hundred rows.
     chunked_prefill_size: int | None = None
