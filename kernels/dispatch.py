@@ -72,10 +72,14 @@ def _use_triton(t: torch.Tensor) -> bool:
     return get_kernel_backend(t.device) == "triton"
 
 
+def _native(t: torch.Tensor) -> CpuKernels | None:
+    """The C kernels when the "cpu" backend serves ``t``'s device."""
+    return _cpu if _cpu is not None and get_kernel_backend(t.device) == "cpu" else None
+
+
 def _native_elementwise(t: torch.Tensor) -> CpuElementwise | None:
-    """The C elementwise kernels when the "cpu" backend serves ``t``'s device."""
-    native = _cpu
-    return native.elementwise if native is not None and get_kernel_backend(t.device) == "cpu" else None
+    native = _native(t)
+    return native.elementwise if native is not None else None
 
 
 def store_kv(
@@ -129,13 +133,14 @@ def decode_attention(
         from kernels.triton.decode_attention import decode_attention as triton_impl
 
         return triton_impl(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale)
-    native = _cpu.decode_attention if _cpu is not None else None
-    if native is not None and get_kernel_backend(q.device) == "cpu" and native.supports(q, k_buffer):
+    native = _native(q)
+    if native is not None and native.decode_attention.supports(q, k_buffer):
         if q.shape[0] == 0:
             return torch.empty_like(q)
         plan = plan or reference.plan_decode(page_table, seq_lens, page_size)
         assert plan.page_table is not None and plan.seq_lens is not None, "not a decode plan"
-        out, lse = native(q, k_buffer, v_buffer, plan.page_table, plan.seq_lens, page_size, scale)
+        out, lse = native.decode_attention(q, k_buffer, v_buffer, plan.page_table, plan.seq_lens,
+                                           page_size, scale)
         reference.merge_shared_prefixes(out, lse, q, plan, k_buffer, v_buffer, scale)
         return out
     return reference.decode_attention(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale, plan=plan)
@@ -189,16 +194,13 @@ def add_rms_norm(
     weight: torch.Tensor,  # [hidden]
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (normed, new residual)
-    """See ``kernels.reference.norm.add_rms_norm``."""
-    if _use_triton(x):
-        from kernels.triton.rms_norm import rms_norm as triton_impl
-
-        summed = residual + x
-        return triton_impl(summed, weight, eps), summed
+    """See ``kernels.reference.norm.add_rms_norm``; without a fused kernel, the add and
+    then this dispatcher's ``rms_norm`` (Triton on CUDA)."""
     native = _native_elementwise(x)
     if native is not None and (done := native.add_rms_norm(x, residual, weight, eps)) is not None:
         return done
-    return reference.add_rms_norm(x, residual, weight, eps)
+    summed = residual + x
+    return rms_norm(summed, weight, eps), summed
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]

@@ -69,8 +69,6 @@ def freeze_gc() -> None:
         _gc_unfreeze_registered = True
 
 
-
-
 def _free_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
