@@ -32,7 +32,7 @@ def test_gen_returns_before_the_text_exists(make_fake: Callable[..., FakeBackend
         seen["read_s"] = time.perf_counter() - start
 
     p.run(slow)
-    assert seen["submit_s"] < 0.1 < seen["read_s"]  # 8 tokens * 50 ms only on read
+    assert seen["submit_s"] < 0.2 < seen["read_s"]  # 8 tokens * 50 ms only on read
     assert seen["value"] == " ok" * 8
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,21 +21,43 @@ LONG = {"max_new_tokens": 250, "temperature": 0, "ignore_eos": True, "speculatio
 PROMPT = "Tell me a very long story about a lighthouse keeper and the sea."
 
 
-@pytest.fixture(autouse=True)
-def slow_model(engine: Any) -> Iterator[None]:
-    """Each forward pass takes at least 10 ms, as a real model's would.
+class ForwardGate:
+    """Slows every forward pass to 10 ms and can hold a request mid-generation.
 
-    The tiny test model decodes 250 tokens in well under a second on a quiet machine,
-    which can finish a "long" generation before the client gets to leave.
+    The tiny test model decodes 250 tokens in well under a second; a client starved of CPU
+    for a few seconds would read its first events after the generation was over. After ``hold_at(n)``, a forward pass that would extend a request past ``n``
+    output tokens waits until ``release()``: the request is certainly still running while
+    the client looks and leaves, and the abort its departure causes is handled by the first
+    step after ``release()``.
     """
-    forward = engine.runner.forward
 
-    def slow_forward(batch: Any) -> Any:
+    def __init__(self, forward: Callable[[Any], Any]) -> None:
+        self._forward = forward
+        self._hold_at: int | None = None
+        self._released = threading.Event()
+
+    def __call__(self, batch: Any) -> Any:
         time.sleep(0.01)
-        return forward(batch)
+        if self._hold_at is not None and any(
+                len(r.output_ids) >= self._hold_at for r in [*batch.decode, *batch.verify]):
+            assert self._released.wait(30), "the test never released the engine"
+        return self._forward(batch)
 
-    engine.runner.forward = slow_forward
-    yield
+    def hold_at(self, num_tokens: int) -> None:
+        self._hold_at = num_tokens
+        self._released.clear()
+
+    def release(self) -> None:
+        self._hold_at = None
+        self._released.set()
+
+
+@pytest.fixture(autouse=True)
+def gate(engine: Any) -> Iterator[ForwardGate]:
+    forward = engine.runner.forward
+    engine.runner.forward = gate = ForwardGate(forward)
+    yield gate
+    gate.release()
     engine.runner.forward = forward
 
 
@@ -56,33 +79,45 @@ def wait_for_pages_above(engine: Any, idle_pages: float) -> None:
         time.sleep(0.01)
 
 
-def test_dropped_stream_frees_its_pages_within_a_second(server: Any, idle_engine: Any) -> None:
+def test_dropped_stream_frees_its_pages_within_a_second(
+        server: Any, idle_engine: Any, gate: ForwardGate) -> None:
     idle = engine_metric(idle_engine, "kv_pages_used")
+    gate.hold_at(3)
     with httpx.Client(base_url=server.url, headers=auth(), timeout=30) as c, c.stream(
             "POST", "/generate", json={"text": PROMPT, "stream": True, "sampling_params": LONG}) as r:
         assert r.status_code == 200
-        seen = 0
-        for line in r.iter_lines():
-            seen += line.startswith("data: ")
-            if seen == 3:
-                break
+        # NOTE: keep the line iterator: closing it (a ``break`` out of a for loop over it)
+        # already closes the connection, and the server's abort would race the checks.
+        lines = r.iter_lines()
+        events = 0
+        while events < 3:
+            events += next(lines).startswith("data: ")
         assert engine_metric(idle_engine, "kv_pages_used") > idle
+        assert engine_metric(idle_engine, "num_running") == 1
     # leaving both blocks closed the connection mid-stream
+    gate.release()
     assert seconds_until_idle(idle_engine, idle) < 1.0
 
 
-def test_dropped_openai_stream_frees_its_pages(server: Any, idle_engine: Any) -> None:
+def test_dropped_openai_stream_frees_its_pages(
+        server: Any, idle_engine: Any, gate: ForwardGate) -> None:
     idle = engine_metric(idle_engine, "kv_pages_used")
     body = {"model": "m", "messages": [{"role": "user", "content": PROMPT}], "stream": True,
             "max_tokens": 250, "temperature": 0, "ignore_eos": True}
+    gate.hold_at(3)
     with httpx.Client(base_url=server.url, headers=auth(), timeout=30) as c, c.stream(
             "POST", "/v1/chat/completions", json=body) as r:
         assert r.status_code == 200
-        next(line for line in r.iter_lines() if '"content":" ' in line or '"content":"' in line)
+        lines = r.iter_lines()  # kept open: see the test above
+        while '"content":"' not in next(lines):
+            pass
+        assert engine_metric(idle_engine, "num_running") == 1
+    gate.release()
     assert seconds_until_idle(idle_engine, idle) < 1.0
 
 
-def test_dropped_blocking_request_frees_its_pages(server: Any, idle_engine: Any) -> None:
+def test_dropped_blocking_request_frees_its_pages(
+        server: Any, idle_engine: Any, gate: ForwardGate) -> None:
     idle = engine_metric(idle_engine, "kv_pages_used")
     # A raw socket, so the client leaves at a known moment (the close), not whenever an
     # HTTP client gets round to closing a timed-out connection (seen to take over a second).
@@ -90,10 +125,12 @@ def test_dropped_blocking_request_frees_its_pages(server: Any, idle_engine: Any)
     body = json.dumps({"text": PROMPT, "sampling_params": LONG}).encode()
     head = ["POST /generate HTTP/1.1", f"Host: {url.netloc}", "Content-Type: application/json",
             f"Content-Length: {len(body)}", *(f"{k}: {v}" for k, v in auth().items())]
+    gate.hold_at(3)
     with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
         sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + body)
         wait_for_pages_above(idle_engine, idle)
         assert engine_metric(idle_engine, "num_running") == 1  # still running as the client leaves
+    gate.release()
     assert seconds_until_idle(idle_engine, idle) < 1.0
 
 
