@@ -614,15 +614,17 @@ class Engine:
         """Counters and gauges of the engine (exported by the server)."""
         s = self.scheduler.stats
         total = self.pool.num_usable_pages
-        used = total - self.pool.num_free_pages - self.cache.num_evictable_pages
+        with self.pool.lock:  # whole page moves only (see PagePool)
+            free, evictable = self.pool.num_free_pages, self.cache.num_evictable_pages
+            cached = evictable + self.cache.num_locked_pages
         return {
             "num_running": len(self.scheduler.running),
             "num_waiting": len(self.scheduler.waiting),
-            "kv_pages_used": used,
+            "kv_pages_used": total - free - evictable,
             "kv_pages_total": total,
-            "kv_pages_free": self.pool.num_free_pages,
+            "kv_pages_free": free,
             # O(1) counters, not a tree walk: metrics are read from other threads mid-step.
-            "kv_pages_cached": self.cache.num_evictable_pages + self.cache.num_locked_pages,
+            "kv_pages_cached": cached,
             "cache_hit_rate": s.cache_hit_rate,
             "prompt_tokens": s.prompt_tokens,
             "cached_prompt_tokens": s.cached_prompt_tokens,

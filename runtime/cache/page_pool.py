@@ -3,10 +3,16 @@
 Page 0 is the padding page and is never handed out, so a pool of ``num_pages`` holds
 ``num_pages - 1`` usable pages. Free pages are handed out lowest id first (a FIFO of
 freed pages after that), which keeps page ids predictable in tests.
+
+Pages move only on the engine thread, but gauges (free, cached, used pages) are read from
+other threads. ``lock`` is held around every move, and by the prefix cache around moves
+that span the pool and the cache (insert, then lock), so a reader holding it sees whole
+moves: used = usable - free - evictable is never off by a half-done insert or eviction.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 
 
@@ -22,6 +28,7 @@ class PagePool:
         self.page_size = page_size
         self._free: deque[int] = deque(range(1, num_pages))
         self._is_free = [False] + [True] * (num_pages - 1)
+        self.lock = threading.RLock()
 
     @property
     def num_usable_pages(self) -> int:
@@ -36,20 +43,22 @@ class PagePool:
 
     def allocate(self, num_pages: int) -> list[int]:
         """Take ``num_pages`` free pages. Raises OutOfPagesError if there are not enough."""
-        if num_pages > len(self._free):
-            raise OutOfPagesError(f"asked for {num_pages} pages, {len(self._free)} free")
-        pages = [self._free.popleft() for _ in range(num_pages)]
-        for page in pages:
-            self._is_free[page] = False
-        return pages
+        with self.lock:
+            if num_pages > len(self._free):
+                raise OutOfPagesError(f"asked for {num_pages} pages, {len(self._free)} free")
+            pages = [self._free.popleft() for _ in range(num_pages)]
+            for page in pages:
+                self._is_free[page] = False
+            return pages
 
     def free(self, pages: list[int]) -> None:
         """Give pages back. Freeing a free page (or page 0) is a bug and raises."""
-        for page in pages:
-            if page <= 0 or page >= self.num_pages or self._is_free[page]:
-                raise ValueError(f"double free or invalid page {page}")
-            self._is_free[page] = True
-            self._free.append(page)
+        with self.lock:
+            for page in pages:
+                if page <= 0 or page >= self.num_pages or self._is_free[page]:
+                    raise ValueError(f"double free or invalid page {page}")
+                self._is_free[page] = True
+                self._free.append(page)
 
     def free_pages(self) -> list[int]:
         return list(self._free)

@@ -13,11 +13,27 @@ along the root path: a node is evictable only when its count is 0 and it is a le
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 from runtime.cache.page_pool import PagePool
 from runtime.cache.prefix_cache import EMPTY_MATCH, PrefixCache, PrefixMatch
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _whole_move(method: F) -> F:
+    """Run a method that moves pages (or page counts) under ``PagePool.lock``."""
+
+    @functools.wraps(method)
+    def locked(self: RadixTree, *args: Any, **kwargs: Any) -> Any:
+        with self.pool.lock:
+            return method(self, *args, **kwargs)
+
+    return cast(F, locked)
 
 
 class _Node:
@@ -83,6 +99,7 @@ class RadixTree(PrefixCache):
         return upper
 
     # ---- locking ------------------------------------------------------------------------
+    @_whole_move
     def lock(self, match: PrefixMatch) -> None:
         node = match.node
         while node is not None and node is not self.root:
@@ -92,6 +109,7 @@ class RadixTree(PrefixCache):
             node.lock_ref += 1
             node = node.parent
 
+    @_whole_move
     def unlock(self, match: PrefixMatch) -> None:
         node = match.node
         while node is not None and node is not self.root:
@@ -129,6 +147,7 @@ class RadixTree(PrefixCache):
             node.last_access = now
         return i
 
+    @_whole_move
     def cache_finished(self, token_ids: list[int], pages: list[int], match: PrefixMatch) -> None:
         ps = self.page_size
         aligned = min(len(token_ids), len(pages) * ps) // ps * ps
@@ -138,6 +157,7 @@ class RadixTree(PrefixCache):
         self.pool.free(pages[match.num_tokens // ps : present // ps] + pages[aligned // ps :])
         self.unlock(match)
 
+    @_whole_move
     def cache_unfinished(
         self, token_ids: list[int], pages: list[int], match: PrefixMatch
     ) -> tuple[PrefixMatch, list[int]]:
@@ -152,6 +172,7 @@ class RadixTree(PrefixCache):
         return new_match, new_match.pages + pages[aligned // ps :]
 
     # ---- eviction -----------------------------------------------------------------------
+    @_whole_move
     def evict(self, num_pages: int) -> int:
         heap = [(n.last_access, id(n), n) for n in self._leaves() if n.lock_ref == 0]
         heapq.heapify(heap)

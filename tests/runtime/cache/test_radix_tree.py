@@ -175,3 +175,48 @@ def test_no_prefix_cache_shares_nothing_and_frees_everything() -> None:
     cache.cache_finished([1, 2, 3, 4, 5], pages, EMPTY_MATCH)
     assert pool.num_free_pages == 8 and cache.cached_pages() == []
     assert (cache.num_evictable_pages, cache.num_locked_pages, cache.evict(5)) == (0, 0, 0)
+
+
+def test_a_reader_holding_the_pool_lock_sees_whole_page_moves() -> None:
+    """Gauges are read from other threads (metrics) while the engine thread moves pages.
+
+    A reader holding ``pool.lock`` must see ``usable - free - evictable`` (pages in use)
+    equal to what the request really holds: never the dip while a prefill's pages are
+    inserted but not yet locked, nor while an evicted leaf is freed but still counted.
+    """
+    import sys
+    import threading
+
+    pool, tree = make(num_pages=512)
+    holds = [0]  # pages the request holds, changed together with the pages it counts
+    seen: list[tuple[int, int]] = []
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            with pool.lock:
+                used = pool.num_usable_pages - pool.num_free_pages - tree.num_evictable_pages
+                if used != holds[0]:
+                    seen.append((used, holds[0]))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for i in range(300):
+            tokens = [i, *range(1000, 1127)]  # a new first token: a new leaf each time
+            with pool.lock:
+                pages = pool.allocate(len(tokens))
+                holds[0] = len(pages)
+            match, pages = tree.cache_unfinished(tokens, pages, EMPTY_MATCH)  # prefill done
+            with pool.lock:
+                tree.cache_finished(tokens, pages, match)  # request done
+                holds[0] = 0
+            tree.evict(len(tokens))
+    finally:
+        done.set()
+        reader.join()
+        sys.setswitchinterval(interval)
+    assert seen == []
+    tree.check_integrity()
