@@ -87,21 +87,29 @@ static inline v8 load8(const float *p) {
     return x;
 }
 
+/* SHUF(a, b, i0..i7): lanes of the 16-lane concatenation [a, b]. clang and GCC >= 12 have
+ * __builtin_shufflevector; older GCC only __builtin_shuffle with a mask vector. */
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_shufflevector)
+#define SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#endif
+#endif
+#ifndef SHUF
+typedef int32_t i8 __attribute__((vector_size(32)));
+#define SHUF(a, b, ...) __builtin_shuffle(a, b, (i8){__VA_ARGS__})
+#endif
+
 /* [a0..a7] each a vector of partial sums -> the vector of their 8 totals. */
 static inline v8 sum8(v8 a0, v8 a1, v8 a2, v8 a3, v8 a4, v8 a5, v8 a6, v8 a7) {
-    typedef int32_t i8 __attribute__((vector_size(32)));
-    const i8 lo = {0, 8, 2, 10, 4, 12, 6, 14}, hi = {1, 9, 3, 11, 5, 13, 7, 15};
-    v8 b0 = __builtin_shuffle(a0, a1, lo) + __builtin_shuffle(a0, a1, hi);
-    v8 b1 = __builtin_shuffle(a2, a3, lo) + __builtin_shuffle(a2, a3, hi);
-    v8 b2 = __builtin_shuffle(a4, a5, lo) + __builtin_shuffle(a4, a5, hi);
-    v8 b3 = __builtin_shuffle(a6, a7, lo) + __builtin_shuffle(a6, a7, hi);
+#define PAIRS(a, b) (SHUF(a, b, 0, 8, 2, 10, 4, 12, 6, 14) + SHUF(a, b, 1, 9, 3, 11, 5, 13, 7, 15))
+    v8 b0 = PAIRS(a0, a1), b1 = PAIRS(a2, a3), b2 = PAIRS(a4, a5), b3 = PAIRS(a6, a7);
     /* b0 = [a0 01, a1 01, a0 23, a1 23, a0 45, a1 45, a0 67, a1 67] (pair sums) */
-    const i8 lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
-    v8 c0 = __builtin_shuffle(b0, b1, lo2) + __builtin_shuffle(b0, b1, hi2);
-    v8 c1 = __builtin_shuffle(b2, b3, lo2) + __builtin_shuffle(b2, b3, hi2);
+#define QUADS(a, b) (SHUF(a, b, 0, 1, 8, 9, 4, 5, 12, 13) + SHUF(a, b, 2, 3, 10, 11, 6, 7, 14, 15))
+    v8 c0 = QUADS(b0, b1), c1 = QUADS(b2, b3);
     /* c0 = [a0 0-3, a1 0-3, a2 0-3, a3 0-3, a0 4-7, a1 4-7, a2 4-7, a3 4-7] */
-    const i8 lo3 = {0, 1, 2, 3, 8, 9, 10, 11}, hi3 = {4, 5, 6, 7, 12, 13, 14, 15};
-    return __builtin_shuffle(c0, c1, lo3) + __builtin_shuffle(c0, c1, hi3);
+    return SHUF(c0, c1, 0, 1, 2, 3, 8, 9, 10, 11) + SHUF(c0, c1, 4, 5, 6, 7, 12, 13, 14, 15);
+#undef PAIRS
+#undef QUADS
 }
 
 /* The K and V rows (all KV heads of a token) of the block at ``start``. Rows past the end
