@@ -5,6 +5,10 @@ submit through ``add_request`` and are served by the same ``step()``, run by one
 background thread (started on first use). Callers get ``RequestOutput`` objects through a
 per-request callback; ``generate`` waits on them, ``generate_stream`` turns them into an
 async iterator.
+
+A step: take new work from the inbox, let the ``OutputProcessor`` draft, let the
+``Scheduler`` form the batch, run the ``ModelRunner``, commit the KV, then the
+``OutputProcessor`` verifies, samples and emits (``runtime/output_processor.py``).
 """
 
 from __future__ import annotations
@@ -15,9 +19,8 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -30,7 +33,6 @@ from runtime.cache.prefix_cache import PrefixCache
 from runtime.cache.radix_tree import RadixTree
 from runtime.config import EngineConfig
 from runtime.constrained import GrammarCompiler
-from runtime.detokenizer import IncrementalDetokenizer
 from runtime.engine_setup import (
     enable_cpu_kernels,
     freeze_gc,
@@ -40,36 +42,16 @@ from runtime.engine_setup import (
     use_prepacked_linears,
 )
 from runtime.errors import EngineClosedError, InvalidRequestError, PromptTooLongError
-from runtime.grammar_step import mask_logits
 from runtime.model.loader import load_model, load_tokenizer, read_config, resolve_model_dir
 from runtime.model_runner import ModelRunner
+from runtime.output_processor import OutputCallback, OutputProcessor
 from runtime.outputs import FinishReason, RequestOutput
 from runtime.request import Request
-from runtime.sampler import sample
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.policy import make_policy
 from runtime.scheduler.scheduler import Scheduler
-from runtime.speculative import DraftProposer, SpecStats, lookup_break_even, verify_drafts
 
 log = logging.getLogger("arbor.engine")
-OutputCallback = Callable[[RequestOutput], None]
-
-
-@dataclass(eq=False)
-class _Tracked:
-    """Engine-side companions of a request: its detokenizer, callback, generator."""
-
-    request: Request
-    detok: IncrementalDetokenizer
-    callback: OutputCallback | None
-    generator: torch.Generator | None
-    logprobs: list[float]
-    top_logprobs: list[dict[int, float]]
-    emitted_tokens: int = 0
-    matcher: Any = None  # runtime.constrained GrammarMatcher when constrained
-    spec: SpecStats = field(default_factory=SpecStats)
-    drafts_from_lookup: bool = False  # this step's drafts came from prompt lookup
-    prompt_text: str | None = None  # decoded once, for text-level prompt lookup
 
 
 class Engine:
@@ -111,7 +93,10 @@ class Engine:
                                    cfg.chunked_prefill_size or (512 if self.device.type == "cuda" else 16))
         self.runner = ModelRunner(self.model, self.kv, self.device)
         self._generator = torch.Generator().manual_seed(cfg.seed)
-        self._tracked: dict[str, _Tracked] = {}
+        self.outputs = OutputProcessor(
+            self.tokenizer, self.scheduler, self.eos_token_ids, self.max_model_len, self._generator,
+            self._release, cfg.spec_fixed_cost_rows or (256.0 if self.device.type == "cuda" else 16.0))
+        self.spec = self.outputs.spec  # speculation counters over all requests
         self._inbox: list[tuple[str, Any]] = []
         self._cv = threading.Condition()  # guards the inbox; notified on new work
         self._step_lock = threading.Lock()  # held while a step mutates engine state
@@ -120,10 +105,6 @@ class Engine:
         self._debug = cfg.debug or env.debug_enabled()  # integrity checks each step and when idle
         self._ids = itertools.count()
         self.forward_passes = 0
-        self.num_finished = 0
-        self.proposer = DraftProposer(self.tokenizer)
-        self.spec = SpecStats()  # global speculation counters
-        self._spec_fixed_cost_rows = cfg.spec_fixed_cost_rows or (256.0 if self.device.type == "cuda" else 16.0)
         self._grammar: GrammarCompiler | None = None  # built on the first constraint
         self._grammar_lock = threading.Lock()
         self._pending: dict[str, Future[Any]] = {}  # request id -> grammar still compiling
@@ -177,18 +158,12 @@ class Engine:
         self._check_length(ids, params)
         rid = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         request = Request(rid, ids, params, arrival=0)
-        tracked = _Tracked(
-            request,
-            IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens),
-            callback,
-            torch.Generator().manual_seed(params.seed) if params.seed is not None else None,
-            [], [],
-        )
+        tracked = self.outputs.track(request, callback)
         future = self._start_grammar(params)
         with self._cv:
-            if rid in self._tracked:
+            if rid in self.outputs.tracked:
                 raise InvalidRequestError(f"duplicate request id {rid!r}")
-            self._tracked[rid] = tracked
+            self.outputs.tracked[rid] = tracked
             if future is None:
                 self._inbox.append(("add", request))
             else:  # queued once its grammar is compiled, so it never stalls the batch
@@ -376,7 +351,7 @@ class Engine:
     def _fail_all(self, message: str) -> None:
         with self._step_lock:
             for req in list(self.scheduler.running) + list(self.scheduler.waiting):
-                self._finish(req, "abort", error=message)
+                self.outputs.finish(req, "abort", error=message)
 
     def step(self) -> bool:
         """One engine iteration: take new work, schedule, run the model, emit outputs.
@@ -389,7 +364,7 @@ class Engine:
     def _step(self) -> bool:
         self._drain_inbox()
         if self.config.speculation:
-            self._propose_drafts()
+            self.outputs.propose_drafts([r for r in self.scheduler.running if r.is_decoding])
         batch = self.scheduler.schedule()
         if batch.empty:
             return False
@@ -398,15 +373,15 @@ class Engine:
         except Exception as exc:  # a bug or device error: fail this batch, keep serving
             log.exception("forward pass failed")
             for req in [i.request for i in batch.prefill] + batch.decode + batch.verify:
-                self._finish(req, "abort", error=f"internal error: {exc}")
+                self.outputs.finish(req, "abort", error=f"internal error: {exc}")
             return True
         self.forward_passes += 1
         self.scheduler.commit(batch)
-        self._verify_and_emit(batch.verify, result.verify_logits)
+        self.outputs.verify_and_emit(batch.verify, result.verify_logits)
         if self._debug:
             self.scheduler.check_integrity()
-        self._record_prompt_logprobs(result.prompt_logprobs)
-        self._sample_and_emit(result)
+        self.outputs.record_prompt_logprobs(result.prompt_logprobs)
+        self.outputs.sample_and_emit(result)
         return True
 
     def _drain_inbox(self) -> None:
@@ -420,194 +395,27 @@ class Engine:
                 continue
             if kind == "grammar_ready":
                 self._grammar_ready(value)
-            elif value in self._tracked:
-                self._finish(self._tracked[value].request, "abort")
-
-    def _propose_drafts(self) -> None:
-        """Draft tokens for every decoding request that allows speculation."""
-        decoding = [r for r in self.scheduler.running if r.is_decoding]
-        batch_even = lookup_break_even(len(decoding), self._spec_fixed_cost_rows)
-        alone_even = lookup_break_even(1, self._spec_fixed_cost_rows)
-        for req in decoding:
-            if not req.params.speculation:
-                continue
-            t = self._tracked[req.request_id]
-            room = min(req.params.max_new_tokens - len(req.output_ids), self.max_model_len - req.seq_len) - 1
-            if room <= 0:
-                continue
-            if t.prompt_text is None:
-                t.prompt_text = self.tokenizer.decode(req.prompt_ids)
-            texts = (t.prompt_text, t.detok.text)
-            # NOTE: only greedy requests follow the batch size: a sampled request's random
-            # draws depend on whether it drafted, and a seeded request must give the same
-            # tokens alone and inside any batch, so it is judged as if alone.
-            gate = batch_even if req.params.greedy else alone_even
-            drafts, forced = self.proposer.propose(req.all_ids, t.matcher, t.spec, room, texts, gate)
-            req.draft_ids = drafts
-            t.drafts_from_lookup = bool(drafts) and not forced
-            if t.drafts_from_lookup:
-                t.spec.lookup_rounds += 1
-                t.spec.lookup_draft_tokens += len(drafts)
-            t.spec.forced_tokens += forced
-            self.spec.forced_tokens += forced
-
-    def _verify_and_emit(self, reqs: list[Request], logits: dict[str, torch.Tensor]) -> None:
-        """Accept drafts exactly (see runtime.speculative.verify), then emit the tokens."""
-        for req in reqs:
-            t = self._tracked[req.request_id]
-            drafts = req.draft_ids
-            rows = logits[req.request_id]
-            stop_ids = set(req.params.stop_token_ids) | set(self.eos_token_ids)
-            tokens, accepted = verify_drafts(rows, drafts, req.params, t.matcher,
-                                             t.generator or self._generator, stop_ids)
-            self.scheduler.commit_verify(req, len(tokens))
-            self._count_spec(t, len(drafts), accepted, from_lookup=t.drafts_from_lookup)
-            if not tokens:
-                self._finish(req, "abort", error="the grammar admits no further token")
-                continue
-            logprobs = self._logprobs_of(req.params, rows[: len(tokens)], tokens)
-            for j, token in enumerate(tokens):
-                if logprobs is not None:
-                    chosen, top = logprobs
-                    if req.params.logprobs:
-                        t.logprobs.append(chosen[j])
-                    if top is not None:
-                        t.top_logprobs.append(top[j])
-                # NOTE: the matcher already advanced past *all* tokens, so its
-                # "terminated" state only speaks for the last one.
-                self._append_token(req, t, token, matcher_advanced=True, last=j == len(tokens) - 1)
-                if req.finish_reason is not None:
-                    break
-
-    def _count_spec(self, t: _Tracked, drafted: int, accepted: int, from_lookup: bool) -> None:
-        for stats in (t.spec, self.spec):
-            stats.draft_tokens += drafted
-            stats.accepted_tokens += accepted
-            stats.verify_rounds += 1
-        if from_lookup:
-            t.spec.lookup_accepted_tokens += accepted
-
-    @staticmethod
-    def _logprobs_of(
-        params: SamplingParams, rows: torch.Tensor, tokens: list[int]
-    ) -> tuple[list[float], list[dict[int, float]] | None] | None:
-        """(logprob of each token, top-k dicts) from verify rows, when asked for."""
-        if not params.logprobs and not params.top_logprobs:
-            return None
-        logp = torch.log_softmax(rows.float(), dim=-1)
-        picked = logp[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
-        top = None
-        if params.top_logprobs:
-            vals, idx = logp.topk(params.top_logprobs, dim=-1)
-            top = [dict(zip(i, v, strict=True)) for i, v in zip(idx.tolist(), vals.tolist(), strict=True)]
-        return picked, top
+            elif value in self.outputs.tracked:
+                self.outputs.finish(self.outputs.tracked[value].request, "abort")
 
     def _grammar_ready(self, rid: str) -> None:
         future = self._pending.get(rid)
         if future is None:  # aborted while compiling
             return
-        t = self._tracked[rid]
+        t = self.outputs.tracked[rid]
         if future.exception() is not None:
-            self._finish(t.request, "abort", error=str(future.exception()))
+            self.outputs.finish(t.request, "abort", error=str(future.exception()))
             return
         t.matcher = future.result().new_matcher()
         self.scheduler.add(t.request)
         del self._pending[rid]  # NOTE: after add, so wait_idle never sees a gap
 
-    def _record_prompt_logprobs(self, found: dict[str, list[tuple[int, float]]]) -> None:
-        for rid, pairs in found.items():
-            req = self._tracked[rid].request
-            if not req.prompt_logprobs:
-                req.prompt_logprobs = [None] * len(req.prompt_ids)
-            for pos, lp in pairs:
-                req.prompt_logprobs[pos] = lp
-
-    def _sample_and_emit(self, result: Any) -> None:
-        reqs: list[Request] = result.sample_requests
-        if not reqs:
-            return
-        tracked = [self._tracked[r.request_id] for r in reqs]
-        dead = set(mask_logits(result.logits, [t.matcher for t in tracked]))
-        out = sample(result.logits, [r.params for r in reqs], [t.generator for t in tracked], self._generator)
-        for i, (req, t) in enumerate(zip(reqs, tracked, strict=True)):
-            if req.params.max_new_tokens == 0:
-                self._finish(req, "length")
-                continue
-            if i in dead:
-                self._finish(req, "abort", error="the grammar admits no further token")
-                continue
-            token = out.token_ids[i]
-            if out.logprobs is not None and req.params.logprobs:
-                t.logprobs.append(out.logprobs[i])
-            if out.top_logprobs is not None and req.params.top_logprobs:
-                top = out.top_logprobs[i]
-                t.top_logprobs.append(dict(list(top.items())[: req.params.top_logprobs]))
-            self._append_token(req, t, token)
-
-    def _append_token(
-        self, req: Request, t: _Tracked, token: int, matcher_advanced: bool = False, last: bool = True
-    ) -> None:
-        params = req.params
-        if t.matcher is not None and not matcher_advanced and not t.matcher.accept_token(token):
-            self._finish(req, "abort", error=f"token {token} rejected by the grammar")
-            return
-        if t.matcher is not None and (problem := t.matcher.error()):
-            self._finish(req, "abort", error=f"grammar error: {problem}")
-            return
-        ignore_eos = params.ignore_eos and t.matcher is None  # a grammar decides where EOS goes
-        if token in params.stop_token_ids or (token in self.eos_token_ids and not ignore_eos):
-            if t.logprobs and len(t.logprobs) > len(req.output_ids):
-                t.logprobs.pop()
-            if t.top_logprobs and len(t.top_logprobs) > len(req.output_ids):
-                t.top_logprobs.pop()
-            self._finish(req, "stop")
-            return
-        req.output_ids.append(token)
-        t.detok.add(req.output_ids)
-        if t.detok.stopped or (last and t.matcher is not None and t.matcher.is_terminated()):
-            self._finish(req, "stop")
-        elif len(req.output_ids) >= params.max_new_tokens or req.seq_len >= self.max_model_len:
-            self._finish(req, "length")
-        else:
-            self._emit(t)
-
-    def _finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
-        if req.finish_reason is not None:
-            return
+    def _release(self, req: Request, reason: FinishReason) -> None:
+        """Take a finishing request out of the scheduler (or the grammar queue)."""
         if self._pending.pop(req.request_id, None) is not None:  # never reached the scheduler
             req.finish_reason = reason
         else:
             self.scheduler.finish(req, reason)
-        t = self._tracked.pop(req.request_id)
-        if reason != "stop" or not t.detok.stopped:
-            t.detok.finish(req.output_ids)
-        self.num_finished += 1
-        self._emit(t, error=error)
-
-    def _emit(self, t: _Tracked, error: str | None = None) -> None:
-        req = t.request
-        final = req.finish_reason is not None
-        delta = t.detok.take(final)
-        out = RequestOutput(
-            request_id=req.request_id,
-            prompt_token_ids=req.prompt_ids,
-            token_ids=list(req.output_ids),
-            text=t.detok.text[: t.detok.emitted],
-            finish_reason=req.finish_reason,
-            logprobs=list(t.logprobs) if req.params.logprobs else None,
-            top_logprobs=list(t.top_logprobs) if req.params.top_logprobs else None,
-            prompt_logprobs=(req.prompt_logprobs or [None] * len(req.prompt_ids)) if req.params.prompt_logprobs else None,
-            num_cached_tokens=req.num_cached_tokens,
-            delta_text=delta,
-            delta_token_ids=req.output_ids[t.emitted_tokens :],
-            error=error,
-        )
-        t.emitted_tokens = len(req.output_ids)
-        if t.callback is not None:
-            try:
-                t.callback(out)
-            except Exception:  # a caller's callback must never take the engine down
-                log.exception("output callback failed for %s", req.request_id)
 
     # ---- introspection --------------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
@@ -632,7 +440,7 @@ class Engine:
             "decode_tokens": s.decode_tokens,
             "num_retractions": s.num_retractions,
             "num_aborts": s.num_aborts,
-            "num_finished": self.num_finished,
+            "num_finished": self.outputs.num_finished,
             "forward_passes": self.forward_passes,
             "spec_draft_tokens": self.spec.draft_tokens,
             "spec_accepted_tokens": self.spec.accepted_tokens,

@@ -65,7 +65,7 @@ class Sim:
             return batch
         self.sched.commit(batch)
         sampling = [i.request for i in batch.prefill if i.completes] + list(batch.decode)
-        for req in sampling:  # mirrors Engine._sample_and_emit / _append_token
+        for req in sampling:  # mirrors OutputProcessor.sample_and_emit / _append_token
             if req.params.max_new_tokens == 0:
                 self.finish(req, "length")
                 continue
