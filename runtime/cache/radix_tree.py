@@ -9,6 +9,12 @@ tokens of their first page, so a lookup costs one dict probe per edge::
 
 A partial match splits an edge at a page boundary. Reference counts (``lock_ref``) run
 along the root path: a node is evictable only when its count is 0 and it is a leaf.
+
+Eviction never walks the tree: the evictable leaves are kept in a set as locks, inserts
+and evictions change them, and a heap orders them by last access. A touch (a match or an
+insert passing through) pushes a fresh heap entry instead of updating the old one; entries
+whose node has left the set or been touched since are skipped when popped, and the heap
+is rebuilt from the set when stale entries outnumber live ones.
 """
 
 from __future__ import annotations
@@ -57,6 +63,9 @@ class RadixTree(PrefixCache):
         self._clock = itertools.count(1)
         self._evictable = 0
         self._locked = 0
+        self._leaves: set[_Node] = set()  # evictable leaves: unlocked, childless, not the root
+        self._heap: list[tuple[int, int, _Node]] = []  # (last_access, push order, node)
+        self._pushes = itertools.count()
 
     # ---- lookup -------------------------------------------------------------------------
     def match_prefix(self, token_ids: list[int]) -> PrefixMatch:
@@ -74,7 +83,7 @@ class RadixTree(PrefixCache):
             pages.extend(child.pages)
             i += n
             node = child
-            node.last_access = now
+            self._touch(node, now)
         if node is self.root:
             return EMPTY_MATCH
         return PrefixMatch(i, pages, node)
@@ -106,6 +115,7 @@ class RadixTree(PrefixCache):
             if node.lock_ref == 0:
                 self._evictable -= len(node.pages)
                 self._locked += len(node.pages)
+                self._leaves.discard(node)
             node.lock_ref += 1
             node = node.parent
 
@@ -118,6 +128,7 @@ class RadixTree(PrefixCache):
             if node.lock_ref == 0:
                 self._evictable += len(node.pages)
                 self._locked -= len(node.pages)
+                self._refresh(node)
             node = node.parent
 
     def num_unlocked_pages(self, match: PrefixMatch) -> int:
@@ -139,12 +150,14 @@ class RadixTree(PrefixCache):
                 leaf.last_access = now
                 node.children[leaf.key[:ps]] = leaf
                 self._evictable += len(leaf.pages)
+                self._refresh(leaf)
+                self._refresh(node)  # no longer a leaf
                 return i
             n = self._common_len(child.key, tokens, i)
             if n < len(child.key):
                 child = self._split(child, n)
             node, i = child, i + n
-            node.last_access = now
+            self._touch(node, now)
         return i
 
     @_whole_move
@@ -174,23 +187,40 @@ class RadixTree(PrefixCache):
     # ---- eviction -----------------------------------------------------------------------
     @_whole_move
     def evict(self, num_pages: int) -> int:
-        heap = [(n.last_access, id(n), n) for n in self._leaves() if n.lock_ref == 0]
-        heapq.heapify(heap)
         freed = 0
-        while freed < num_pages and heap:
-            _, _, leaf = heapq.heappop(heap)
+        while freed < num_pages and self._leaves:
+            access, _, leaf = heapq.heappop(self._heap)
+            if leaf not in self._leaves or leaf.last_access != access:
+                continue  # stale: evicted, locked, grown a child or touched since the push
             parent = leaf.parent
             assert parent is not None
             self.pool.free(leaf.pages)
             freed += len(leaf.pages)
             self._evictable -= len(leaf.pages)
+            self._leaves.remove(leaf)
             del parent.children[leaf.key[: self.page_size]]
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+            self._refresh(parent)
         return freed
 
-    def _leaves(self) -> list[_Node]:
-        return [n for n in self._nodes() if not n.children and n is not self.root]
+    def _refresh(self, node: _Node) -> None:
+        """Put ``node`` in or out of the evictable leaves after its lock or children changed."""
+        if node is not self.root and node.lock_ref == 0 and not node.children:
+            if node not in self._leaves:
+                self._leaves.add(node)
+                self._push(node)
+        else:
+            self._leaves.discard(node)
+
+    def _touch(self, node: _Node, now: int) -> None:
+        node.last_access = now
+        if node in self._leaves:
+            self._push(node)
+
+    def _push(self, node: _Node) -> None:
+        if len(self._heap) > 2 * len(self._leaves) + 64:  # mostly stale: rebuild
+            self._heap = [(n.last_access, next(self._pushes), n) for n in self._leaves if n is not node]
+            heapq.heapify(self._heap)
+        heapq.heappush(self._heap, (node.last_access, next(self._pushes), node))
 
     def _nodes(self) -> list[_Node]:
         out, stack = [], [self.root]
@@ -224,6 +254,10 @@ class RadixTree(PrefixCache):
                 evictable += len(node.pages)
             else:
                 locked += len(node.pages)
+        leaves = {n for n in self._nodes() if n is not self.root and n.lock_ref == 0 and not n.children}
+        assert leaves == self._leaves, "the evictable-leaf set drifted from the tree"
+        live = {n for access, _, n in self._heap if n in leaves and n.last_access == access}
+        assert live == leaves, "an evictable leaf has no current heap entry"
         assert (evictable, locked) == (self._evictable, self._locked), (
             f"page counters drifted: walked {(evictable, locked)}, kept {(self._evictable, self._locked)}"
         )

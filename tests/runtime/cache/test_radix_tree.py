@@ -220,3 +220,31 @@ def test_a_reader_holding_the_pool_lock_sees_whole_page_moves() -> None:
         sys.setswitchinterval(interval)
     assert seen == []
     tree.check_integrity()
+
+
+def test_eviction_follows_touches_through_heap_rebuilds() -> None:
+    pool, tree = make()
+    a = insert(pool, tree, [1, 2])
+    b = insert(pool, tree, [3, 4])
+    c = insert(pool, tree, [5, 6])
+    assert set(b).isdisjoint(a + c)
+    for _ in range(200):  # each touch pushes a fresh heap entry; stale ones force rebuilds
+        tree.match_prefix([1, 2])
+        tree.match_prefix([5, 6])
+    tree.check_integrity()  # every evictable leaf has a current heap entry
+    assert len(tree._heap) <= 2 * 3 + 64 + 1  # rebuilt, not grown with every touch
+    assert tree.evict(1) == 2 and sorted(tree.cached_pages()) == sorted(a + c)  # b: least recent
+    assert tree.evict(1) == 2 and sorted(tree.cached_pages()) == sorted(c)  # a: touched before c
+    tree.check_integrity()
+
+
+def test_a_locked_leaf_is_skipped_and_evictable_again_once_unlocked() -> None:
+    pool, tree = make()
+    old = insert(pool, tree, [1, 2])
+    insert(pool, tree, [3, 4])
+    match = tree.match_prefix([1, 2])  # now the most recent, and locked
+    tree.lock(match)
+    assert tree.evict(4) == 2 and sorted(tree.cached_pages()) == sorted(old)
+    tree.unlock(match)
+    tree.check_integrity()
+    assert tree.evict(4) == 2 and tree.cached_pages() == []
