@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import load_average, median, reproduce_line, save_result  # noqa: E402
+from common import load_average, reproduce_line, save_result, time_call  # noqa: E402
 
 from runtime.cache.page_pool import PagePool  # noqa: E402
 from runtime.cache.radix_tree import RadixTree  # noqa: E402
@@ -59,15 +59,6 @@ def walk_victim(tree: RadixTree) -> Any:
     return heapq.heappop(heap)[2]
 
 
-def time_each(fn: Any, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return median(times)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--leaves", type=int, nargs="+", default=[500, 5000, 20000])
@@ -78,8 +69,8 @@ def main() -> None:
     rows = []
     for n in args.leaves:
         tree, per_insert = build(n)
-        walk = time_each(lambda tree=tree: walk_victim(tree), args.repeats)
-        heap = time_each(lambda tree=tree: tree.evict(1), args.repeats)
+        walk = time_call(lambda tree=tree: walk_victim(tree), args.repeats)
+        heap = time_call(lambda tree=tree: tree.evict(1), args.repeats)
         tree.check_integrity()
         rows.append({"leaves": n, "walk_us": walk * 1e6, "heap_us": heap * 1e6,
                      "ratio": walk / heap, "insert_us": per_insert * 1e6})
