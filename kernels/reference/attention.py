@@ -74,6 +74,27 @@ def _attend(
     return out.reshape(batch, q_len, num_q_heads, head_dim), lse.reshape(batch, q_len, num_q_heads)
 
 
+def _causal_kernel(device: torch.device) -> bool:
+    """Whether ``_attend_causal`` can run on ``device`` (torch's fused CPU kernel)."""
+    return device.type == "cpu" and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+
+
+def _attend_causal(
+    q: torch.Tensor,  # [B, L, Hq, D]
+    k: torch.Tensor,  # [B, L, Hkv, D]
+    v: torch.Tensor,  # [B, L, Hkv, D]
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # out [B, L, Hq, D], log-sum-exp [B, L, Hq]
+    """Query i over keys 0..i. The fused CPU kernel skips key blocks past the diagonal
+    (about half the work of the masked call) and takes the KV heads of a GQA model as
+    they are, so the query heads stay rows of their own."""
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q.transpose(1, 2), k.transpose(1, 2).to(q.dtype), v.transpose(1, 2).to(q.dtype), 0.0, True,
+        scale=scale,
+    )
+    return out.transpose(1, 2), lse.transpose(1, 2)
+
+
 def _sdpa_with_lse(
     q: torch.Tensor,  # [B, H, Lq, D]
     k: torch.Tensor,  # [B, H, Lk, D]
@@ -126,7 +147,7 @@ class AttentionPlan:
     """
 
     slots: torch.Tensor  # [B, L] int64, the pool slots each request reads (padding: slot 0)
-    allowed: torch.Tensor  # [B, Lq, L] bool
+    allowed: torch.Tensor | None  # [B, Lq, L] bool; None when ``causal`` says it all
     max_q: int  # query rows per request in the padded layout (1 for decode)
     scatter: torch.Tensor | None  # [T] int64: row of each query token in [B * max_q] (extend)
     prefixes: tuple[_PrefixPart, ...]  # shared-prefix parts, merged after the main part
@@ -134,12 +155,16 @@ class AttentionPlan:
     # the pages a shared prefix covers (what a kernel reading the pages in place needs).
     page_table: torch.Tensor | None = None
     seq_lens: torch.Tensor | None = None
+    # Extend only: no request has a prefix (after any shared-prefix drop), so query i may
+    # see keys 0..i: plain causal attention, where the fused kernel skips the masked half.
+    causal: bool = False
     _masks: dict[tuple[torch.dtype, int], torch.Tensor] = field(default_factory=dict, compare=False)
 
     def mask(self, dtype: torch.dtype, group: int) -> torch.Tensor:
         """Additive [B, 1, group * Lq, L] mask for ``group`` query heads per KV head."""
         key = (dtype, group)
         if key not in self._masks:
+            assert self.allowed is not None, "a causal plan has no mask"
             batch, q_len, keys = self.allowed.shape
             allowed = self.allowed[:, None, None].expand(batch, 1, group, q_len, keys)
             allowed = allowed.reshape(batch, 1, group * q_len, keys)
@@ -190,6 +215,11 @@ def plan_extend(
     slots, valid = token_slots(page_table, seq_lens, page_size, max_k)
     offset = torch.arange(token_req.shape[0], device=device) - qo_indptr.long()[token_req]
     scatter = token_req * max_q + offset  # row of each token in [B * max_q]
+    if _causal_kernel(device) and not bool(prefix_lens.any()):
+        # NOTE: with no prefix, valid query i of request b sees keys 0..i, all < seq_len[b]:
+        # the padding keys past a shorter request are never in a valid query's window
+        # (padding query rows see garbage, and are dropped by ``scatter``).
+        return AttentionPlan(slots, None, max_q, scatter, tuple(prefixes), causal=True)
     # allowed[b, i, j] = j <= prefix_len[b] + i  and  j < seq_len[b]
     q_pos = prefix_lens.long()[:, None] + torch.arange(max_q, device=device)[None, :]
     k_pos = torch.arange(max_k, device=device)
@@ -215,7 +245,11 @@ def run_plan(
         out, lse = out[:, 0], lse[:, 0]
     else:  # extend: scatter the ragged queries into [B, max_q, Hq, D]
         q_pad = q.new_zeros(batch * plan.max_q, heads, dim).index_copy_(0, plan.scatter, q)
-        out, lse = _attend(q_pad.view(batch, plan.max_q, heads, dim), k, v, plan.mask(q.dtype, group), scale)
+        q_pad = q_pad.view(batch, plan.max_q, heads, dim)
+        if plan.causal:
+            out, lse = _attend_causal(q_pad, k, v, scale)
+        else:
+            out, lse = _attend(q_pad, k, v, plan.mask(q.dtype, group), scale)
         out = out.reshape(batch * plan.max_q, heads, dim).index_select(0, plan.scatter)
         lse = lse.reshape(batch * plan.max_q, heads).index_select(0, plan.scatter)
     merge_shared_prefixes(out, lse, q, plan, k_buffer, v_buffer, scale)

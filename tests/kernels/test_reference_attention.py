@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from paged_batch import make_paged_batch, naive_attention, random_q
 
 from kernels import reference
+from kernels.reference.attention import plan_extend
 
 HEAD_DIM = 32
 SCALE = HEAD_DIM**-0.5
@@ -39,17 +40,28 @@ def test_reference_decode_matches_naive_sdpa(page_size: int, num_kv_heads: int, 
 
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize(("num_kv_heads", "group"), GQA)
-def test_reference_extend_matches_naive_sdpa(page_size: int, num_kv_heads: int, group: int) -> None:
-    prefix_lens, extend_lens = [0, 5, 16, 33], [7, 1, 20, 70]
+@pytest.mark.parametrize("prefix_lens", [[0, 5, 16, 33], [0, 0, 0, 0]], ids=["prefixed", "fresh"])
+def test_reference_extend_matches_naive_sdpa(
+        page_size: int, num_kv_heads: int, group: int, prefix_lens: list[int]) -> None:
+    # "fresh": no request has a prefix, so the plan is plain causal (the fused kernel's
+    # causal mode, no mask) even though the shorter requests are padded.
+    extend_lens = [7, 1, 20, 70]
     batch = make_paged_batch(
         prefix_lens, extend_lens, num_kv_heads, HEAD_DIM, page_size, torch.float32
     )
     q = random_q(sum(extend_lens), num_kv_heads * group, HEAD_DIM, torch.float32)
+    plan = plan_extend(batch.page_table, batch.prefix_lens, batch.extend_lens, batch.qo_indptr, page_size)
+    assert plan.causal == (not any(prefix_lens))
     out = reference.extend_attention(
         q, batch.k_buffer, batch.v_buffer, batch.page_table, batch.prefix_lens,
         batch.extend_lens, batch.qo_indptr, page_size, SCALE,
     )  # fmt: skip
     torch.testing.assert_close(out, naive_attention(q, batch, SCALE), atol=1e-5, rtol=1e-5)
+    again = reference.extend_attention(
+        q, batch.k_buffer, batch.v_buffer, batch.page_table, batch.prefix_lens,
+        batch.extend_lens, batch.qo_indptr, page_size, SCALE, plan=plan,
+    )  # fmt: skip
+    torch.testing.assert_close(again, out, atol=0, rtol=0)
 
 
 def test_reference_store_kv_writes_exactly_the_given_slots() -> None:

@@ -45,9 +45,12 @@ def test_decode_with_shared_prefix_equals_plain(page_size: int, pages: int, whol
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_extend_with_shared_prefix_equals_plain(page_size: int) -> None:
+@pytest.mark.parametrize("prefix_lens", [[32, 40, 0, 35], [32, 32, 0, 32]], ids=["beyond", "exactly"])
+def test_extend_with_shared_prefix_equals_plain(page_size: int, prefix_lens: list[int]) -> None:
     # Rows 0, 1 and 3 extend past a common 32-token cached prefix; row 2 starts from scratch.
-    prefix_lens, extend_lens = [32, 40, 0, 35], [5, 1, 9, 17]
+    # "exactly": the shared prefix is every row's whole prefix, so once it is read apart the
+    # rest is plain causal attention (the fused kernel's causal mode), merged with it.
+    extend_lens = [5, 1, 9, 17]
     batch = make_paged_batch(prefix_lens, extend_lens, 2, HEAD_DIM, page_size, torch.float32)
     batch, shared = share(batch, [([0, 1, 3], 32 // page_size)])
     q = random_q(sum(extend_lens), 4, HEAD_DIM, torch.float32)
