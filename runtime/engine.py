@@ -263,7 +263,15 @@ class Engine:
                 rids.append(self.add_request(**{kind: value}, params=p, callback=on_output))
         if not rids:
             return []
-        done.wait()
+        try:
+            # NOTE: short waits, so a Ctrl-C that the OS gave to another thread (the signal
+            # handler runs on the main thread only) is raised here within 0.1 s.
+            while not done.wait(0.1):
+                pass
+        except BaseException:  # Ctrl-C (KeyboardInterrupt) while waiting: stop the work too
+            for rid in rids:
+                self.abort(rid)
+            raise
         return [results[r] for r in rids]
 
     @staticmethod

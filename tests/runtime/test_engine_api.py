@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -205,3 +206,28 @@ def test_a_script_may_exit_while_its_engine_is_busy() -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_ctrl_c_in_generate_aborts_its_requests(tiny: Engine) -> None:
+    forward = tiny.runner.forward
+
+    def slow_forward(batch: Any) -> Any:
+        time.sleep(0.01)
+        return forward(batch)
+
+    tiny.runner.forward = slow_forward
+    aborts = tiny.metrics()["num_aborts"]
+    params = SamplingParams(max_new_tokens=200, temperature=0, ignore_eos=True, speculation=False)
+    # Raised on the timer thread, as an OS may deliver a Ctrl-C to any thread.
+    timer = threading.Timer(0.3, signal.raise_signal, (signal.SIGINT,))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            tiny.generate(input_ids=[list(range(10, 30)), list(range(40, 50))], sampling_params=params)
+    finally:
+        timer.cancel()
+        tiny.runner.forward = forward
+    assert tiny.wait_idle(5), "the interrupted requests kept running"
+    assert tiny.metrics()["num_aborts"] == aborts + 2
+    tiny.check_integrity()
+    assert tiny.metrics()["kv_pages_used"] == 0
