@@ -177,6 +177,8 @@ class Engine:
         tracked = self.outputs.track(request, callback)
         future = self._start_grammar(params)
         with self._cv:
+            if self._closed:  # NOTE: again under _cv: close() drains the inbox once, after this
+                raise EngineClosedError("the engine is closed")
             if rid in self.outputs.tracked:
                 raise InvalidRequestError(f"duplicate request id {rid!r}")
             self.outputs.tracked[rid] = tracked
