@@ -4,10 +4,11 @@ Page 0 is the padding page and is never handed out, so a pool of ``num_pages`` h
 ``num_pages - 1`` usable pages. Free pages are handed out lowest id first (a FIFO of
 freed pages after that), which keeps page ids predictable in tests.
 
-Pages move only on the engine thread, but gauges (free, cached, used pages) are read from
-other threads. ``lock`` is held around every move, and by the prefix cache around moves
-that span the pool and the cache (insert, then lock), so a reader holding it sees whole
-moves: used = usable - free - evictable is never off by a half-done insert or eviction.
+Pages move only under the engine's step lock (in a step, or in ``close()``), but gauges
+(free, cached, used pages) are read from other threads. ``lock`` is held around every
+move, and by the prefix cache around moves that span the pool and the cache (insert, then
+lock), so a reader holding it sees whole moves: used = usable - free - evictable is never
+off by a half-done insert or eviction.
 """
 
 from __future__ import annotations
