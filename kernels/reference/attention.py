@@ -137,7 +137,7 @@ class _PrefixPart:
     rows: torch.Tensor  # [n] int64, query rows (tokens) that see them
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class AttentionPlan:
     """Everything about one attention call that is the same in every layer.
 
@@ -146,7 +146,10 @@ class AttentionPlan:
     30 times. Only the K/V gathers and the attention itself run per layer.
     """
 
-    slots: torch.Tensor  # [B, L] int64, the pool slots each request reads (padding: slot 0)
+    # [B, L] int64, the pool slots each request reads (padding: slot 0). A decode plan
+    # leaves both to ``gather_slots``, which fills them in on first use: the native decode
+    # kernel reads the pages in place and never needs them.
+    slots: torch.Tensor | None
     allowed: torch.Tensor | None  # [B, Lq, L] bool; None when ``causal`` says it all
     max_q: int  # query rows per request in the padded layout (1 for decode)
     scatter: torch.Tensor | None  # [T] int64: row of each query token in [B * max_q] (extend)
@@ -155,18 +158,29 @@ class AttentionPlan:
     # the pages a shared prefix covers (what a kernel reading the pages in place needs).
     page_table: torch.Tensor | None = None
     seq_lens: torch.Tensor | None = None
+    page_size: int = 0
     # Extend only: no request has a prefix (after any shared-prefix drop), so query i may
     # see keys 0..i: plain causal attention, where the fused kernel skips the masked half.
     causal: bool = False
-    _masks: dict[tuple[torch.dtype, int], torch.Tensor] = field(default_factory=dict, compare=False)
+    _masks: dict[tuple[torch.dtype, int], torch.Tensor] = field(default_factory=dict)
+
+    def gather_slots(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(``slots``, ``allowed``), filled in on the first call for a decode plan."""
+        if self.slots is None:
+            assert self.page_table is not None and self.seq_lens is not None, "not a decode plan"
+            max_len = int(self.seq_lens.max())
+            self.slots, valid = token_slots(self.page_table, self.seq_lens, self.page_size, max_len)
+            self.allowed = valid[:, None, :]
+        return self.slots, self.allowed
 
     def mask(self, dtype: torch.dtype, group: int) -> torch.Tensor:
         """Additive [B, 1, group * Lq, L] mask for ``group`` query heads per KV head."""
         key = (dtype, group)
         if key not in self._masks:
-            assert self.allowed is not None, "a causal plan has no mask"
-            batch, q_len, keys = self.allowed.shape
-            allowed = self.allowed[:, None, None].expand(batch, 1, group, q_len, keys)
+            _, allowed = self.gather_slots()
+            assert allowed is not None, "a causal plan has no mask"
+            batch, q_len, keys = allowed.shape
+            allowed = allowed[:, None, None].expand(batch, 1, group, q_len, keys)
             allowed = allowed.reshape(batch, 1, group * q_len, keys)
             add = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
             self._masks[key] = add.masked_fill_(~allowed, -math.inf)
@@ -184,9 +198,9 @@ def plan_decode(
         page_table, seq_lens = _drop_leading_pages(
             page_table, seq_lens, _skipped_pages(page_table.shape[0], shared, page_table.device), page_size
         )
-    slots, valid = token_slots(page_table, seq_lens, page_size, int(seq_lens.max()))
     prefixes = tuple(_PrefixPart(_page_slots(g.pages, page_size), g.rows) for g in shared)
-    return AttentionPlan(slots, valid[:, None, :], 1, None, prefixes, page_table=page_table, seq_lens=seq_lens)
+    return AttentionPlan(None, None, 1, None, prefixes, page_table=page_table, seq_lens=seq_lens,
+                         page_size=page_size)
 
 
 def plan_extend(
@@ -237,9 +251,10 @@ def run_plan(
     """Attention of ``q`` as planned: one gather of each request's slots, one SDPA call,
     then every shared prefix read once and merged in."""
     num_tokens, heads, dim = q.shape
-    batch = plan.slots.shape[0]
+    slots, _ = plan.gather_slots()
+    batch = slots.shape[0]
     group = heads // k_buffer.shape[1]
-    k, v = _gather(k_buffer, plan.slots), _gather(v_buffer, plan.slots)  # [B, L, Hkv, D]
+    k, v = _gather(k_buffer, slots), _gather(v_buffer, slots)  # [B, L, Hkv, D]
     if plan.scatter is None:  # decode: one query row per request
         out, lse = _attend(q[:, None], k, v, plan.mask(q.dtype, group), scale)
         out, lse = out[:, 0], lse[:, 0]
