@@ -3,7 +3,7 @@
 Three parts, all in this one process, each with its baseline in the same run:
 
 1. Mask time. Exactly what the engine does per step for constrained rows:
-   ``runtime.grammar_step.mask_logits`` on a ``[B, vocab]`` float32 logits tensor with B
+   ``runtime.constrained.masking.mask_logits`` on a ``[B, vocab]`` float32 logits tensor with B
    llguidance matchers of a realistic JSON schema (EXTRACT_SCHEMA). Between timed steps
    each matcher advances by a token sampled from its allowed set (seeded random logits
    plus a bonus for quote/punctuation/digit tokens so strings stay short, masked, then
@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import load_average, median, reproduce_line, save_result, timed  # noqa: E402
 
 from runtime import Engine, SamplingParams  # noqa: E402
-from runtime.grammar_step import mask_logits  # noqa: E402
+from runtime.constrained.masking import mask_logits  # noqa: E402
 
 NUM_PAGES = 1024  # 16k KV tokens: plenty for 32 x (prompt + 64), independent of free memory
 

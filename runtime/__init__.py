@@ -1,7 +1,13 @@
-"""Arbor's runtime: the engine that runs request graphs on a Llama-family model."""
+"""Arbor's runtime: the engine that runs request graphs on a Llama-family model.
+
+``Engine`` is imported on first use: the torch-free core (``runtime.cache``,
+``runtime.scheduler``, ``runtime.request``, the settings and the request/response types)
+loads without torch, the engine and the model with it.
+"""
+
+from typing import TYPE_CHECKING
 
 from runtime.config import EngineConfig
-from runtime.engine import Engine
 from runtime.errors import (
     ArborError,
     EngineClosedError,
@@ -11,6 +17,9 @@ from runtime.errors import (
 )
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from runtime.engine import Engine
 
 __all__ = [
     "ArborError",
@@ -23,3 +32,11 @@ __all__ = [
     "RequestOutput",
     "SamplingParams",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name == "Engine":  # NOTE: lazily, so the torch-free core imports without torch
+        from runtime.engine import Engine
+
+        return Engine
+    raise AttributeError(f"module 'runtime' has no attribute {name!r}")

@@ -6,7 +6,7 @@ Field names follow the field (SGLang / vLLM) and map 1:1 to ``arbor`` CLI flags
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
 from runtime.errors import InvalidRequestError
@@ -75,6 +75,16 @@ class EngineConfig:
             raise InvalidRequestError(f"spec_fixed_cost_rows must be > 0, got {self.spec_fixed_cost_rows!r}")
         if self.num_pages is not None and self.num_pages < 2:
             raise InvalidRequestError("num_pages must be >= 2 (page 0 is the padding page)")
+
+    def for_device(self, device_type: str) -> EngineConfig:
+        """This config with the settings left to the device (None) filled in: the values
+        measured for the CPU, or for CUDA (see each field's comment)."""
+        on_cuda = device_type == "cuda"
+        return replace(
+            self,
+            chunked_prefill_size=self.chunked_prefill_size or (512 if on_cuda else 16),
+            spec_fixed_cost_rows=self.spec_fixed_cost_rows or (256.0 if on_cuda else 16.0),
+        )
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

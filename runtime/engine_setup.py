@@ -1,5 +1,5 @@
-"""Decisions made once when an engine starts: device, dtype, KV pool size, native kernels,
-the garbage collector."""
+"""Decisions made once when an engine starts: device, dtype, the model and its tokenizer,
+KV pool size, native kernels, the garbage collector."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import atexit
 import gc
 import logging
 import os
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,9 +17,11 @@ import kernels
 from kernels import onednn
 from kernels.cpu import NativeBuildError
 from runtime import env
-from runtime.cache.kv_cache import KVCache
 from runtime.config import EngineConfig
 from runtime.errors import InvalidRequestError
+from runtime.model.kv_cache import KVCache
+from runtime.model.llama import LlamaForCausalLM
+from runtime.model.loader import load_model, load_tokenizer, read_config, resolve_model_dir
 
 log = logging.getLogger(__name__)
 _gc_unfreeze_registered = False
@@ -99,3 +103,38 @@ def size_pool(
     if max_len < 2:
         raise InvalidRequestError(f"the KV pool ({num_pages} pages) is too small for any request")
     return num_pages, max_len
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """What an engine starts from, decided once."""
+
+    config: EngineConfig  # with the device-dependent defaults filled in
+    device: torch.device
+    dtype: torch.dtype
+    model_dir: Path  # the HF-style directory (a GGUF file's cached conversion)
+    tokenizer: Any  # transformers tokenizer
+    hf_config: dict[str, Any]
+    model: LlamaForCausalLM
+    num_pages: int
+    max_model_len: int
+
+
+def load_engine_model(requested: EngineConfig) -> LoadedModel:
+    """Resolve device and dtype, load tokenizer and model, size the KV pool, and pick the
+    fast paths for this device (prepacked linears, native CPU kernels)."""
+    if requested.num_threads:
+        torch.set_num_threads(requested.num_threads)
+    device = resolve_device(requested.device)
+    cfg = requested.for_device(device.type)
+    dtype = resolve_dtype(cfg.dtype, device)
+    model_dir = resolve_model_dir(cfg.model)
+    tokenizer = load_tokenizer(model_dir)
+    hf_config = read_config(model_dir)
+    num_pages, max_model_len = size_pool(cfg, hf_config, device, dtype)
+    model = load_model(model_dir, device, dtype, max_model_len)
+    if cfg.prepack_weights and use_prepacked_linears(device, dtype):
+        model.prepack_linears()
+    if device.type == "cpu":
+        enable_cpu_kernels()
+    return LoadedModel(cfg, device, dtype, model_dir, tokenizer, hf_config, model, num_pages, max_model_len)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
 
 from runtime.cache.prefix_cache import EMPTY_MATCH, PrefixMatch
 from runtime.outputs import FinishReason
@@ -21,7 +20,15 @@ class RequestStatus(enum.Enum):
 class Request:
     """One generation request.
 
-    Token bookkeeping (``all_ids = prompt_ids + output_ids``)::
+    Every field has one writer:
+
+    - the engine sets ``request_id``, ``prompt_ids`` and ``params`` at submission; they
+      never change;
+    - the output processor appends to ``output_ids`` and sets ``finish_reason`` (once);
+    - the scheduler owns admission and KV: ``arrival``, ``status``, ``prefix``, ``pages``,
+      ``num_computed``, ``num_cached_tokens``, ``num_retractions``, ``admitted_once``.
+
+    Everyone else only reads. Token bookkeeping (``all_ids = prompt_ids + output_ids``)::
 
         all_ids:  [ cached prefix | computed by us | not yet computed ]
                   0         prefix.num_tokens    num_computed     len(all_ids)
@@ -33,19 +40,18 @@ class Request:
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
-    arrival: int  # admission-order tiebreak, set by the scheduler (monotonic)
+    # ---- the output processor's ----
     output_ids: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    # ---- the scheduler's ----
+    arrival: int = 0  # admission-order tiebreak, numbered by ``Scheduler.add`` (monotonic)
     status: RequestStatus = RequestStatus.WAITING
     prefix: PrefixMatch = EMPTY_MATCH  # locked cache prefix while RUNNING
     pages: list[int] = field(default_factory=list)  # page table: prefix pages + own pages
     num_computed: int = 0  # tokens whose KV is in the pool
-    finish_reason: FinishReason | None = None
     num_cached_tokens: int = 0  # prompt tokens served by the cache at first admission
     num_retractions: int = 0
-    prompt_logprobs: list[float | None] = field(default_factory=list)
-    grammar: Any = None  # runtime.constrained matcher, when constrained
     admitted_once: bool = False
-    draft_ids: list[int] = field(default_factory=list)  # speculative drafts for this step
 
     @property
     def all_ids(self) -> list[int]:
@@ -68,7 +74,3 @@ class Request:
     def is_decoding(self) -> bool:
         """Running with only the newest sampled token left to compute."""
         return bool(self.output_ids) and self.num_remaining == 1
-
-    @property
-    def wants_prompt_logprobs(self) -> bool:
-        return self.params.prompt_logprobs

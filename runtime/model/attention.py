@@ -18,7 +18,7 @@ import torch
 
 import kernels
 from kernels import AttentionPlan
-from runtime.cache.kv_cache import KVCache
+from runtime.model.kv_cache import KVCache
 
 
 @dataclass(frozen=True)

@@ -121,3 +121,15 @@ def load_tokenizer(model_dir: Path) -> Any:
         return AutoTokenizer.from_pretrained(str(model_dir))
     except Exception as exc:  # transformers raises many types
         raise ModelLoadError(f"cannot load the tokenizer in {model_dir}: {exc}") from exc
+
+
+def eos_token_ids(hf_config: dict[str, Any], tokenizer_eos: int | None) -> list[int]:
+    """Every id that ends generation: the config's ``eos_token_id`` (an id or a list) and
+    the tokenizer's."""
+    ids: set[int] = set()
+    for source in (hf_config.get("eos_token_id"), tokenizer_eos):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, list):
+            ids.update(int(i) for i in source)
+    return sorted(ids)

@@ -2,6 +2,9 @@
 
 The algorithm, once per step (``schedule``):
 
+0. Drafts. The output processor proposes speculative drafts for decoding requests; they
+   are kept only when free + evictable pages cover every decoding request's growth with
+   them (speculation never costs a retraction). A request with drafts is verified.
 1. Decode room. Every decoding request needs one more KV slot. If free + evictable pages
    cannot cover that, retract the most recently admitted running requests until they
    can: a retracted request's KV goes to the prefix cache, it keeps its output and is
@@ -18,20 +21,22 @@ The algorithm, once per step (``schedule``):
 3. Pages. Allocate the pages for everything scheduled (evicting LRU cache leaves as
    needed) and return the ``ScheduledBatch``.
 
-After the forward pass, ``commit`` records what was computed and shares finished
-prefills through the cache; ``finish`` and ``abort`` release a request's pages.
+After the forward pass, ``commit`` records what was computed (and how many tokens each
+verify item produced), shares finished prefills through the cache and frees the pages of
+rejected drafts; ``finish`` releases a request's pages. The scheduler is the only writer
+of a request's pages, prefix, positions and status.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from runtime.cache.page_pool import PagePool
 from runtime.cache.prefix_cache import EMPTY_MATCH, PrefixCache, PrefixMatch
-from runtime.outputs import FinishReason
 from runtime.request import Request, RequestStatus
-from runtime.scheduler.batch import PrefillItem, ScheduledBatch
+from runtime.scheduler.batch import PrefillItem, ScheduledBatch, VerifyItem
 from runtime.scheduler.policy import SchedulePolicy
 from runtime.scheduler.stats import SchedulerStats
 
@@ -82,27 +87,38 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    @property
+    def decoding(self) -> list[Request]:
+        """Running requests with only their newest sampled token left to compute."""
+        return [r for r in self.running if r.is_decoding]
+
     # ---- one step -----------------------------------------------------------------------
-    def schedule(self) -> ScheduledBatch:
-        self._drop_drafts_if_short()
-        retracted = self._make_decode_room()
-        decoding = [r for r in self.running if r.is_decoding]
-        decode = [r for r in decoding if not r.draft_ids]
-        verify = [r for r in decoding if r.draft_ids]
-        decode_pages = sum(self._pages_to_grow(r, 1 + len(r.draft_ids)) for r in decoding)
+    def schedule(self, drafts: Mapping[str, list[int]] | None = None) -> ScheduledBatch:
+        """Form this step's batch.
+
+        Args:
+            drafts: proposed speculative drafts by request id (decoding requests only).
+        """
+        drafts = self._drafts_that_fit(drafts or {})
+        retracted = self._make_decode_room(drafts)
+        decoding = self.decoding
+        decode = [r for r in decoding if not drafts.get(r.request_id)]
+        verify = [VerifyItem(r, tuple(drafts[r.request_id])) for r in decoding if drafts.get(r.request_id)]
+        decode_pages = self._decode_growth(drafts)
         tokens = self.chunked_prefill_size if decoding else self.max_prefill_tokens
         budget = _StepBudget(max(tokens, self._deferred_budget), self._available_pages() - decode_pages)
         self._deferred_budget = 0
         prefill = self._continue_prefills(budget) + self._admit(budget)
         self._allocate(prefill, decode, verify)
-        return ScheduledBatch(prefill=prefill, decode=decode, verify=verify, retracted=retracted)
+        return ScheduledBatch.build(prefill, decode, verify, retracted)
 
-    def _drop_drafts_if_short(self) -> None:
+    def _drafts_that_fit(self, drafts: Mapping[str, list[int]]) -> Mapping[str, list[int]]:
         """Speculation never costs a retraction: drop every draft when pages run short."""
-        need = sum(self._pages_to_grow(r, 1 + len(r.draft_ids)) for r in self.running if r.is_decoding)
-        if need > self._available_pages():
-            for r in self.running:
-                r.draft_ids = []
+        return drafts if self._decode_growth(drafts) <= self._available_pages() else {}
+
+    def _decode_growth(self, drafts: Mapping[str, list[int]]) -> int:
+        """New pages the decoding requests need this step (newest token + drafts each)."""
+        return sum(self._pages_to_grow(r, 1 + len(drafts.get(r.request_id, ()))) for r in self.decoding)
 
     def _available_pages(self) -> int:
         return self.pool.num_free_pages + self.cache.num_evictable_pages
@@ -111,11 +127,10 @@ class Scheduler:
         """New pages ``request`` needs to hold ``num_tokens`` more tokens."""
         return max(0, self.pool.pages_for_tokens(request.num_computed + num_tokens) - len(request.pages))
 
-    def _make_decode_room(self) -> list[Request]:
+    def _make_decode_room(self, drafts: Mapping[str, list[int]]) -> list[Request]:
         retracted: list[Request] = []
         while True:
-            need = sum(self._pages_to_grow(r, 1 + len(r.draft_ids)) for r in self.running if r.is_decoding)
-            if need <= self._available_pages() or len(self.running) <= 1:
+            if self._decode_growth(drafts) <= self._available_pages() or len(self.running) <= 1:
                 return retracted
             victim = max(self.running, key=lambda r: self._admitted_at[id(r)])
             self._retract(victim)
@@ -123,7 +138,6 @@ class Scheduler:
 
     def _retract(self, request: Request) -> None:
         self._release(request)
-        request.draft_ids = []
         request.status = RequestStatus.WAITING
         request.num_retractions += 1
         self.stats.num_retractions += 1
@@ -210,9 +224,9 @@ class Scheduler:
         self.running.append(r)
         self._admitted_at[id(r)] = next(self._admission)
 
-    def _allocate(self, prefill: list[PrefillItem], decode: list[Request], verify: list[Request]) -> None:
+    def _allocate(self, prefill: list[PrefillItem], decode: list[Request], verify: list[VerifyItem]) -> None:
         wants = [(i.request, i.num_tokens) for i in prefill] + [(r, 1) for r in decode]
-        wants += [(r, 1 + len(r.draft_ids)) for r in verify]
+        wants += [(v.request, 1 + len(v.draft_ids)) for v in verify]
         total = sum(self._pages_to_grow(r, n) for r, n in wants)
         if total > self.pool.num_free_pages:
             self.cache.evict(total - self.pool.num_free_pages)
@@ -220,8 +234,13 @@ class Scheduler:
             r.pages.extend(self.pool.allocate(self._pages_to_grow(r, n)))
 
     # ---- after the forward pass ------------------------------------------------------------
-    def commit(self, batch: ScheduledBatch) -> None:
-        """Record the KV computed by ``batch``; share completed prefills via the cache."""
+    def commit(self, batch: ScheduledBatch, num_verified: Mapping[str, int] | None = None) -> None:
+        """Record the KV computed by ``batch``; share completed prefills via the cache.
+
+        Args:
+            num_verified: tokens each verify item produced, by request id (its accepted
+                drafts plus the token after them; 0 when its grammar admitted none).
+        """
         for item in batch.prefill:
             r = item.request
             r.num_computed += item.num_tokens
@@ -231,8 +250,10 @@ class Scheduler:
         for r in batch.decode:
             r.num_computed += 1
         self.stats.decode_tokens += len(batch.decode)
+        for v in batch.verify:
+            self._commit_verify(v.request, (num_verified or {}).get(v.request.request_id, 0))
 
-    def commit_verify(self, request: Request, num_tokens: int) -> None:
+    def _commit_verify(self, request: Request, num_tokens: int) -> None:
         """A verify pass produced ``num_tokens`` tokens for ``request``.
 
         The pass computed KV for the newest token and the drafts; the KV that stays valid
@@ -242,13 +263,12 @@ class Scheduler:
         """
         request.num_computed += num_tokens
         self.stats.decode_tokens += num_tokens
-        request.draft_ids = []
         keep = max(self.pool.pages_for_tokens(request.num_computed), len(request.prefix.pages))
         if len(request.pages) > keep:
             self.pool.free(request.pages[keep:])
             del request.pages[keep:]
 
-    def finish(self, request: Request, reason: FinishReason) -> None:
+    def finish(self, request: Request, aborted: bool = False) -> None:
         """Finish a running or waiting request and release its pages."""
         if request.status == RequestStatus.RUNNING:
             self._release(request)
@@ -256,9 +276,8 @@ class Scheduler:
         elif request.status == RequestStatus.WAITING:
             self.waiting.remove(request)
         request.status = RequestStatus.FINISHED
-        request.finish_reason = reason
         self._admitted_at.pop(id(request), None)
-        if reason == "abort":
+        if aborted:
             self.stats.num_aborts += 1
 
     def _release(self, request: Request) -> None:

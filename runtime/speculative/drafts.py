@@ -6,6 +6,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.constrained.matcher import GrammarMatcher
+
 # When prompt lookup pays. A verified draft token costs one row of the forward pass; an
 # accepted one saves a whole pass for its request. With a pass costing ``F + B`` rows for
 # B decoding requests (F: the pass's fixed cost, in rows), drafting raises the batch's
@@ -37,7 +39,7 @@ class DraftSource(ABC):
     name: str
 
     @abstractmethod
-    def propose(self, token_ids: list[int], matcher: Any, max_tokens: int) -> list[int]:
+    def propose(self, token_ids: list[int], matcher: GrammarMatcher | None, max_tokens: int) -> list[int]:
         """Up to ``max_tokens`` guesses for the tokens after ``token_ids``."""
 
 
@@ -50,7 +52,7 @@ class GrammarForcedDraft(DraftSource):
 
     name = "grammar"
 
-    def propose(self, token_ids: list[int], matcher: Any, max_tokens: int) -> list[int]:
+    def propose(self, token_ids: list[int], matcher: GrammarMatcher | None, max_tokens: int) -> list[int]:
         if matcher is None:
             return []
         forced: list[int] = matcher.forced_tokens()
@@ -65,7 +67,7 @@ class PromptLookupDraft(DraftSource):
     def __init__(self, max_ngram: int = 4, min_ngram: int = 2) -> None:
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
-    def propose(self, token_ids: list[int], matcher: Any, max_tokens: int) -> list[int]:
+    def propose(self, token_ids: list[int], matcher: GrammarMatcher | None, max_tokens: int) -> list[int]:
         length = len(token_ids)
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
             if length <= n:
@@ -123,7 +125,7 @@ class DraftProposer:
         self.text_lookup = TextLookupDraft(tokenizer) if tokenizer is not None else None
 
     def propose(
-        self, token_ids: list[int], matcher: Any, stats: SpecStats, room: int,
+        self, token_ids: list[int], matcher: GrammarMatcher | None, stats: SpecStats, room: int,
         texts: tuple[str, str] | None = None, break_even: float = 0.0,
     ) -> tuple[list[int], int]:
         """Drafts for one request, at most ``room`` tokens. Returns (drafts, num_forced).

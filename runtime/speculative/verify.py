@@ -18,12 +18,11 @@ If every draft is accepted, row ``k`` yields one more token for free.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from runtime.grammar_step import mask_logits
-from runtime.sampler import filtered_probs, sample
+from runtime.constrained.masking import mask_logits
+from runtime.constrained.matcher import GrammarMatcher
+from runtime.sampling.sampler import filtered_probs, sample
 from runtime.sampling_params import SamplingParams
 
 
@@ -31,7 +30,7 @@ def verify_drafts(
     logits: torch.Tensor,  # [k + 1, V] rows for positions x0, d1, .., dk
     drafts: list[int],  # [k]
     params: SamplingParams,
-    matcher: Any,
+    matcher: GrammarMatcher | None,
     generator: torch.Generator,
     stop_ids: set[int],
 ) -> tuple[list[int], int]:

@@ -10,7 +10,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -159,13 +158,7 @@ def test_chat_template_and_cli(default_engine: Engine) -> None:
 def test_close_ends_requests_in_flight_and_refuses_new_ones(tiny_llama_dir: Path) -> None:
     engine = Engine(model=str(tiny_llama_dir), page_size=4, num_pages=256, max_model_len=256,
                     max_running_requests=1)
-    forward = engine.runner.forward
-
-    def slow_forward(batch: Any) -> Any:  # the requests are certainly unfinished at close
-        time.sleep(0.01)
-        return forward(batch)
-
-    engine.runner.forward = slow_forward
+    engine.add_step_hook(lambda _: time.sleep(0.01))  # the requests are certainly unfinished at close
     params = SamplingParams(max_new_tokens=200, temperature=0, ignore_eos=True, speculation=False)
     finals: list[RequestOutput] = []
     engine.add_request(input_ids=list(range(10, 40)), params=params,
@@ -209,13 +202,7 @@ def test_a_script_may_exit_while_its_engine_is_busy() -> None:
 
 
 def test_ctrl_c_in_generate_aborts_its_requests(tiny: Engine) -> None:
-    forward = tiny.runner.forward
-
-    def slow_forward(batch: Any) -> Any:
-        time.sleep(0.01)
-        return forward(batch)
-
-    tiny.runner.forward = slow_forward
+    remove_hook = tiny.add_step_hook(lambda _: time.sleep(0.01))
     aborts = tiny.metrics()["num_aborts"]
     params = SamplingParams(max_new_tokens=200, temperature=0, ignore_eos=True, speculation=False)
     # Raised on the timer thread, as an OS may deliver a Ctrl-C to any thread.
@@ -226,7 +213,7 @@ def test_ctrl_c_in_generate_aborts_its_requests(tiny: Engine) -> None:
             tiny.generate(input_ids=[list(range(10, 30)), list(range(40, 50))], sampling_params=params)
     finally:
         timer.cancel()
-        tiny.runner.forward = forward
+        remove_hook()
     assert tiny.wait_idle(5), "the interrupted requests kept running"
     assert tiny.metrics()["num_aborts"] == aborts + 2
     tiny.check_integrity()

@@ -106,7 +106,7 @@ def test_shared_prefix_and_chunked_prefill_keep_tokens(tiny_llama_dir: Path) -> 
 def test_shared_prefix_attention_keeps_hf_tokens(tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Requests decoding over one radix-shared prefix attend to it once per group (the
     torch path's cascade); tokens and log-probs stay HF's."""
-    from runtime.model_runner import ModelRunner
+    from runtime.model.runner import ModelRunner
 
     seen: list[int] = []
     real = ModelRunner._shared_prefixes

@@ -7,13 +7,15 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
 from server_helpers import auth, engine_metric
+
+from runtime.scheduler.batch import ScheduledBatch
 
 # Speculation off: a random-weight model loops, and prompt-lookup drafts would finish the
 # "long" generation before the client gets to leave.
@@ -22,7 +24,7 @@ PROMPT = "Tell me a very long story about a lighthouse keeper and the sea."
 
 
 class ForwardGate:
-    """Slows every forward pass to 10 ms and can hold a request mid-generation.
+    """A step hook that slows every step by 10 ms and can hold a request mid-generation.
 
     The tiny test model decodes 250 tokens in well under a second; a client starved of CPU
     for a few seconds would read its first events after the generation was over. After ``hold_at(n)``, a forward pass that would extend a request past ``n``
@@ -31,17 +33,15 @@ class ForwardGate:
     step after ``release()``.
     """
 
-    def __init__(self, forward: Callable[[Any], Any]) -> None:
-        self._forward = forward
+    def __init__(self) -> None:
         self._hold_at: int | None = None
         self._released = threading.Event()
 
-    def __call__(self, batch: Any) -> Any:
+    def __call__(self, batch: ScheduledBatch) -> None:
         time.sleep(0.01)
         if self._hold_at is not None and any(
-                len(r.output_ids) >= self._hold_at for r in [*batch.decode, *batch.verify]):
+                len(r.output_ids) >= self._hold_at for r in [*batch.decode, *(v.request for v in batch.verify)]):
             assert self._released.wait(30), "the test never released the engine"
-        return self._forward(batch)
 
     def hold_at(self, num_tokens: int) -> None:
         self._hold_at = num_tokens
@@ -54,11 +54,11 @@ class ForwardGate:
 
 @pytest.fixture(autouse=True)
 def gate(engine: Any) -> Iterator[ForwardGate]:
-    forward = engine.runner.forward
-    engine.runner.forward = gate = ForwardGate(forward)
+    gate = ForwardGate()
+    remove = engine.add_step_hook(gate)
     yield gate
     gate.release()
-    engine.runner.forward = forward
+    remove()
 
 
 def seconds_until_idle(engine: Any, idle_pages: float, limit: float = 1.0) -> float:

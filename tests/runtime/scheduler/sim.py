@@ -16,6 +16,7 @@ from runtime.cache.no_prefix_cache import NoPrefixCache
 from runtime.cache.page_pool import PagePool
 from runtime.cache.prefix_cache import PrefixCache
 from runtime.cache.radix_tree import RadixTree
+from runtime.outputs import FinishReason
 from runtime.request import Request
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.batch import ScheduledBatch
@@ -53,7 +54,7 @@ class Sim:
 
     def add(self, rid: str, prompt_ids: list[int], max_new_tokens: int) -> Request:
         req = Request(rid, list(prompt_ids), SamplingParams(max_new_tokens=max_new_tokens,
-                                                            temperature=0.0), arrival=0)
+                                                            temperature=0.0))
         self.sched.add(req)
         return req
 
@@ -65,7 +66,7 @@ class Sim:
             return batch
         self.sched.commit(batch)
         sampling = [i.request for i in batch.prefill if i.completes] + list(batch.decode)
-        for req in sampling:  # mirrors OutputProcessor.sample_and_emit / _append_token
+        for req in sampling:  # mirrors OutputProcessor.emit / _append_token
             if req.params.max_new_tokens == 0:
                 self.finish(req, "length")
                 continue
@@ -75,8 +76,9 @@ class Sim:
         self.sched.check_integrity()
         return batch
 
-    def finish(self, req: Request, reason: str) -> None:
-        self.sched.finish(req, reason)  # type: ignore[arg-type]
+    def finish(self, req: Request, reason: FinishReason) -> None:
+        req.finish_reason = reason  # as the output processor does, before releasing it
+        self.sched.finish(req, aborted=reason == "abort")
         self.finished.append(req)
         self.sched.check_integrity()
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.detokenizer import IncrementalDetokenizer
+from runtime.output.detokenizer import IncrementalDetokenizer
 
 
 @pytest.fixture(scope="module")

@@ -7,14 +7,15 @@ all those logits rows before sampling; unconstrained rows are untouched.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 
-from runtime.constrained import allocate_token_bitmask, apply_token_bitmask
+from runtime.constrained.bitmask import allocate_token_bitmask, apply_token_bitmask
+from runtime.constrained.matcher import GrammarMatcher
 
 
-def mask_logits(logits: torch.Tensor, matchers: list[Any]) -> list[int]:
+def mask_logits(logits: torch.Tensor, matchers: Sequence[GrammarMatcher | None]) -> list[int]:
     """Mask ``logits`` [B, V] in place by each row's matcher (None = unconstrained).
 
     Returns:
@@ -25,7 +26,9 @@ def mask_logits(logits: torch.Tensor, matchers: list[Any]) -> list[int]:
         return []
     bitmask = allocate_token_bitmask(logits.shape[0], logits.shape[1])  # all allowed
     for i in rows:
-        matchers[i].fill_bitmask(bitmask, i)
+        matcher = matchers[i]
+        assert matcher is not None
+        matcher.fill_bitmask(bitmask, i)
     _apply(logits, bitmask, rows)
     dead = (bitmask[rows] == 0).all(dim=-1)
     return [rows[j] for j in dead.nonzero().flatten().tolist()]

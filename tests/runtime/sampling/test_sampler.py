@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.sampler import sample
+from runtime.sampling.sampler import sample
 from runtime.sampling_params import SamplingParams
 
 

@@ -1,0 +1,160 @@
+"""The output processor between the forward pass and the caller: new tokens reach a
+request only at ``emit`` (after the scheduler's commit), stop rules, verify counts,
+finishing once, and the errors a caller sees."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from runtime.constrained import GrammarMatcher
+from runtime.errors import InvalidRequestError
+from runtime.model.runner import ForwardOutput
+from runtime.output.processor import OutputProcessor
+from runtime.outputs import FinishReason, RequestOutput
+from runtime.request import Request
+from runtime.sampling_params import SamplingParams
+from runtime.scheduler.batch import ScheduledBatch, VerifyItem
+
+VOCAB = 64
+EOS = 2
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.released: list[tuple[str, FinishReason]] = []
+        self.outputs: list[RequestOutput] = []
+
+    def release(self, req: Request, reason: FinishReason) -> None:
+        self.released.append((req.request_id, reason))
+
+
+class _Tok:
+    """Decodes token t as the letter chr(ord('a') + t % 26)."""
+
+    eos_token_id = EOS
+    all_special_ids = [EOS]
+
+    def decode(self, ids: list[int], **_: Any) -> str:
+        return "".join(chr(ord("a") + t % 26) for t in ids if t != EOS)
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return [self.decode([t]) for t in ids]
+
+
+class _Refuses(GrammarMatcher):
+    """A grammar that admits no token at all."""
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        bitmask[row] = 0
+
+    def accept_token(self, token_id: int) -> bool:
+        return False
+
+    def rollback(self, num_tokens: int) -> None:
+        raise ValueError
+
+    def is_terminated(self) -> bool:
+        return False
+
+    def can_end(self) -> bool:
+        return False
+
+    def forced_tokens(self) -> list[int]:
+        return []
+
+
+def _logits(*tokens: int) -> torch.Tensor:
+    """Rows whose argmax is each token."""
+    rows = torch.zeros(len(tokens), VOCAB)
+    for i, t in enumerate(tokens):
+        rows[i, t] = 10.0
+    return rows
+
+
+def _setup(**params: Any) -> tuple[OutputProcessor, Recorder, Request]:
+    rec = Recorder()
+    proc = OutputProcessor(_Tok(), [EOS], 100, torch.Generator().manual_seed(0), rec.release, 16.0)
+    req = Request("r", [1, 5, 6], SamplingParams(temperature=0.0, **params))
+    proc.register(req, rec.outputs.append)
+    return proc, rec, req
+
+
+def _sampled(rid: str, *tokens: int) -> ForwardOutput:
+    return ForwardOutput([rid], _logits(*tokens), {}, {})
+
+
+def test_tokens_reach_the_request_only_at_emit() -> None:
+    proc, rec, req = _setup(max_new_tokens=8)
+    step = proc.sample(ScheduledBatch.build(), _sampled("r", 7))
+    assert req.output_ids == [] and not rec.outputs  # the scheduler commits in between
+    proc.emit(step)
+    assert req.output_ids == [7]
+    assert [(o.delta_token_ids, o.finished) for o in rec.outputs] == [([7], False)]
+
+
+def test_eos_finishes_once_and_releases_once() -> None:
+    proc, rec, req = _setup(max_new_tokens=8, logprobs=True)
+    proc.emit(proc.sample(ScheduledBatch.build(), _sampled("r", EOS)))
+    assert req.finish_reason == "stop" and req.output_ids == []
+    assert rec.released == [("r", "stop")]
+    final = rec.outputs[-1]
+    assert final.finished and final.finish_reason == "stop" and final.logprobs == []
+    proc.finish(req, "abort")  # a late abort changes nothing
+    assert rec.released == [("r", "stop")] and len(rec.outputs) == 1
+    assert proc.get("r") is None
+
+
+def test_length_and_max_new_tokens_zero() -> None:
+    proc, rec, req = _setup(max_new_tokens=1)
+    proc.emit(proc.sample(ScheduledBatch.build(), _sampled("r", 9)))
+    assert (req.output_ids, req.finish_reason) == ([9], "length")
+    proc, rec, req = _setup(max_new_tokens=0, prompt_logprobs=True)
+    step = proc.sample(ScheduledBatch.build(), _sampled("r", 9))
+    proc.emit(type(step)(step.new, {"r": [(1, -0.5), (2, -1.5)]}))
+    assert (req.output_ids, req.finish_reason) == ([], "length")
+    assert rec.outputs[-1].prompt_logprobs == [None, -0.5, -1.5]
+
+
+def test_verify_accepts_matching_drafts_and_counts_them() -> None:
+    proc, rec, req = _setup(max_new_tokens=8)
+    req.output_ids.append(4)  # decoding: 4 is the newest token
+    batch = ScheduledBatch.build(verify=[VerifyItem(req, (10, 11))])
+    # Rows after 4, 10, 11: the model agrees with 10, then wants 12 instead of 11.
+    out = ForwardOutput([], torch.zeros(0, VOCAB), {}, {"r": _logits(10, 12, 13)})
+    step = proc.sample(batch, out)
+    assert step.num_verified == {"r": 2} and req.output_ids == [4]
+    proc.emit(step)
+    assert req.output_ids == [4, 10, 12]
+    assert (proc.spec.draft_tokens, proc.spec.accepted_tokens, proc.spec.verify_rounds) == (2, 1, 1)
+
+
+def test_a_grammar_dead_end_aborts_with_a_message() -> None:
+    proc, rec, req = _setup(max_new_tokens=8)
+    proc.attach_matcher("r", _Refuses())
+    proc.emit(proc.sample(ScheduledBatch.build(), _sampled("r", 7)))
+    assert req.finish_reason == "abort" and rec.released == [("r", "abort")]
+    assert rec.outputs[-1].error == "the grammar admits no further token"
+
+
+def test_duplicate_request_ids_are_refused() -> None:
+    proc, _, _ = _setup()
+    with pytest.raises(InvalidRequestError, match="duplicate request id 'r'"):
+        proc.register(Request("r", [1], SamplingParams()), None)
+
+
+def test_a_failing_callback_does_not_stop_the_others() -> None:
+    rec = Recorder()
+    proc = OutputProcessor(_Tok(), [EOS], 100, torch.Generator().manual_seed(0), rec.release, 16.0)
+
+    def boom(_: RequestOutput) -> None:
+        raise RuntimeError("caller bug")
+
+    a = Request("a", [1], SamplingParams(temperature=0.0, max_new_tokens=4))
+    b = Request("b", [1], SamplingParams(temperature=0.0, max_new_tokens=4))
+    proc.register(a, boom)
+    proc.register(b, rec.outputs.append)
+    proc.emit(proc.sample(ScheduledBatch.build(), ForwardOutput(["a", "b"], _logits(7, 8), {}, {})))
+    assert a.output_ids == [7] and b.output_ids == [8] and rec.outputs[-1].token_ids == [8]
