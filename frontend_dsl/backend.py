@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from frontend_dsl.constraints import ConstraintSpec
+from frontend_dsl.output_constraint import OutputConstraint
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class GenParams:
     top_k: int | None = None
     min_p: float | None = None
     seed: int | None = None
-    constraint: ConstraintSpec | None = None
+    constraint: OutputConstraint | None = None
     return_logprob: bool = False
     speculation: bool = True  # allow speculative drafts (never changes the output)
 

@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from frontend_dsl.backend import Backend, GenChunk, GenParams
-from frontend_dsl.constraints import to_engine_constraint
 from frontend_dsl.errors import GenerationError
 from frontend_dsl.hf_codec import HFCodec
+from frontend_dsl.output_constraint import to_engine_constraint
 from runtime import SamplingParams
 
 
