@@ -8,6 +8,7 @@ share with their parent.
 from __future__ import annotations
 
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -82,3 +83,15 @@ class EngineBackend(Backend):
 
     def metrics(self) -> dict[str, Any]:
         return dict(self.engine.metrics())
+
+
+_engine_backends: weakref.WeakKeyDictionary[Any, EngineBackend] = weakref.WeakKeyDictionary()
+
+
+def backend_for(engine: Any) -> EngineBackend:
+    """The ``EngineBackend`` of ``engine``: one per engine, so per-backend caches (role
+    affixes...) are shared by every run on it."""
+    backend = _engine_backends.get(engine)
+    if backend is None:
+        backend = _engine_backends[engine] = EngineBackend(engine)
+    return backend

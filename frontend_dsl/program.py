@@ -20,7 +20,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from frontend_dsl.backend import Backend, as_backend, get_default_backend
+from frontend_dsl.backend import Backend
+from frontend_dsl.default_backend import resolve_backend
 from frontend_dsl.errors import ProgramDefinitionError, ProgramError, TraceStop
 from frontend_dsl.executor import Executor, TextListener
 from frontend_dsl.graph import Graph
@@ -56,7 +57,7 @@ class Program:
         Raises:
             ProgramError: a node failed or the body raised; ``.state`` is the partial state.
         """
-        return self._run(_resolve(backend), kwargs, on_text=None)
+        return self._run(resolve_backend(backend), kwargs, on_text=None)
 
     def _run(self, backend: Backend, kwargs: dict[str, Any], on_text: TextListener | None) -> ProgramState:
         session = Session(self.name, backend, Executor(backend, on_text))
@@ -101,7 +102,7 @@ class Program:
         Returns:
             States (or errors) in the order of ``batch_kwargs``.
         """
-        resolved = _resolve(backend)
+        resolved = resolve_backend(backend)
 
         def one(kwargs: dict[str, Any]) -> Any:
             try:
@@ -126,7 +127,7 @@ class Program:
     def stream(self, backend: Any = None, **kwargs: Any) -> Iterator[str]:
         """Run and yield the root state's text as it is produced (constant text and
         generated deltas, in order). Raises ``ProgramError`` at the end if the run failed."""
-        resolved = _resolve(backend)
+        resolved = resolve_backend(backend)
         chunks: queue.Queue[str | None] = queue.Queue()
         outcome: list[BaseException] = []
 
@@ -156,7 +157,7 @@ class Program:
         on the value and run interpreted under ``run``. The backend is only used for its
         chat template.
         """
-        session = Session(self.name, _resolve(backend), executor=None)
+        session = Session(self.name, resolve_backend(backend), executor=None)
         with contextlib.suppress(TraceStop):
             self.fn(ProgramState(session), **example_args)
         return session.graph
@@ -166,6 +167,3 @@ def program(fn: ProgramFn) -> Program:
     """Decorator: make ``fn(s, ...)`` a ``Program``."""
     return Program(fn)
 
-
-def _resolve(backend: Any) -> Backend:
-    return get_default_backend() if backend is None else as_backend(backend)
