@@ -15,7 +15,8 @@ ends it at the first read of a generated value. Token ids grow by the boundary r
 ``tokens.py``; roles are cut from the chat template (``roles.py``). The model is reached
 only through a ``Backend`` (``backend.py``; ``default_backend.py`` picks a run's):
 ``EngineBackend`` (in-process), ``RuntimeEndpoint(url)`` (a remote ``arbor serve``) or
-``FakeBackend`` (tests).
+``FakeBackend`` (tests). A ``Program`` is also what ``arbor serve --programs`` hosts: it
+satisfies the server's hosting protocol (``hosting.py``).
 """
 
 from frontend_dsl.backend import Backend, GenChunk, GenParams

@@ -1,8 +1,8 @@
 """``EngineBackend``: the DSL's ``Backend`` over an in-process ``runtime.Engine``.
 
-This is the only module of ``frontend_dsl`` that imports ``runtime``. Every request is
-sent as token ids, so the engine's radix cache matches branches on the exact ids they
-share with their parent.
+It imports ``runtime`` (as ``hosting`` and ``runtime_endpoint`` do); ``import
+frontend_dsl`` loads none of the three. Every request is sent as token ids, so the
+engine's radix cache matches branches on the exact ids they share with their parent.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ Every call builds a fresh ``Session``. ``run`` executes the body in the calling 
 while the nodes it adds run on the DSL loop; the run ends when the body has returned and
 every node has finished. A failed node or an exception in the body surfaces as one
 ``ProgramError`` whose ``state`` holds the partial result.
+
+A ``Program`` is also what ``arbor serve --programs`` hosts: it satisfies the server's
+``runtime.server.hosting.HostedProgram`` through ``frontend_dsl.hosting.ProgramHost``.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ import functools
 import inspect
 import queue
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
@@ -27,6 +30,11 @@ from frontend_dsl.executor import Executor, TextListener
 from frontend_dsl.graph import Graph
 from frontend_dsl.state import ProgramState
 from frontend_dsl.tracer import Session
+
+if TYPE_CHECKING:
+    from frontend_dsl.hosting import ProgramHost
+    from runtime.engine import Engine
+    from runtime.server.hosting import RunEvent
 
 ProgramFn = Callable[..., Any]
 
@@ -161,6 +169,34 @@ class Program:
         with contextlib.suppress(TraceStop):
             self.fn(ProgramState(session), **example_args)
         return session.graph
+
+    # ---- hosted by a server: runtime.server.hosting.HostedProgram ----
+
+    @property
+    def description(self) -> str:
+        """The docstring, shown by ``GET /programs``."""
+        return inspect.getdoc(self.fn) or ""
+
+    def arguments_schema(self) -> dict[str, Any]:
+        """The JSON schema of the arguments (the parameters after the state)."""
+        return self._host.arguments_schema()
+
+    def validate_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The arguments, checked against the signature; raises ``InvalidArgumentsError``."""
+        return self._host.validate_arguments(arguments)
+
+    def run_hosted(self, engine: Engine, arguments: dict[str, Any]) -> AsyncGenerator[RunEvent, None]:
+        """Run once on a server's ``engine``: an event per finished generation, then the
+        outcome; closing the stream early aborts the run's requests."""
+        return self._host.run(engine, arguments)
+
+    @functools.cached_property
+    def _host(self) -> ProgramHost:
+        # NOTE: deferred (like as_backend's): frontend_dsl.hosting loads the engine side
+        # (runtime, torch), which `import frontend_dsl` must not; a server has it loaded.
+        from frontend_dsl.hosting import ProgramHost
+
+        return ProgramHost(self.name, self.fn, self.run)
 
 
 def program(fn: ProgramFn) -> Program:
