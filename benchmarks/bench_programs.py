@@ -39,7 +39,7 @@ from self_consistency import final_number, majority  # noqa: E402
 from tree_search import best_leaf, tree_search  # noqa: E402
 
 from frontend_dsl import Backend, assistant, gen, program, user  # noqa: E402
-from frontend_dsl.backend import as_backend  # noqa: E402
+from frontend_dsl.default_backend import as_backend  # noqa: E402
 from runtime import Engine  # noqa: E402
 
 TARGET = 3.0  # HF seconds / Arbor seconds, per workload

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import default_engine  # noqa: E402
 
 from frontend_dsl import assistant, gen, program, user  # noqa: E402
-from frontend_dsl.backend import as_backend  # noqa: E402
+from frontend_dsl.default_backend import as_backend  # noqa: E402
 
 
 @program

@@ -13,17 +13,14 @@ submits them at once (``tracer.py``, ``executor.py``); only reads (``s["x"]``,
 ``s.text()``) wait. ``program.trace(...)`` builds the graph without running anything and
 ends it at the first read of a generated value. Token ids grow by the boundary rule of
 ``tokens.py``; roles are cut from the chat template (``roles.py``). The model is reached
-only through a ``Backend`` (``backend.py``): ``EngineBackend`` (in-process),
-``RuntimeEndpoint(url)`` (a remote ``arbor serve``) or ``FakeBackend`` (tests).
+only through a ``Backend`` (``backend.py``; ``default_backend.py`` picks a run's):
+``EngineBackend`` (in-process), ``RuntimeEndpoint(url)`` (a remote ``arbor serve``) or
+``FakeBackend`` (tests). A ``Program`` is also what ``arbor serve --programs`` hosts: it
+satisfies the server's hosting protocol (``hosting.py``).
 """
 
-from frontend_dsl.backend import (
-    Backend,
-    GenChunk,
-    GenParams,
-    get_default_backend,
-    set_default_backend,
-)
+from frontend_dsl.backend import Backend, GenChunk, GenParams
+from frontend_dsl.default_backend import get_default_backend, set_default_backend
 from frontend_dsl.errors import (
     DSLError,
     GenerationError,

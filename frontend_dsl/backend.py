@@ -1,8 +1,9 @@
 """The interface between the DSL and whatever runs the model.
 
 The DSL only ever talks to a ``Backend``: it hands over token ids and ``GenParams`` and
-gets text and token ids back. ``EngineBackend`` (in-process ``runtime.Engine``) and
-``FakeBackend`` (deterministic, for tests) implement it; an HTTP backend will follow.
+gets text and token ids back. ``EngineBackend`` (in-process ``runtime.Engine``),
+``RuntimeEndpoint`` (a remote ``arbor serve``) and ``FakeBackend`` (deterministic, for
+tests) implement it; ``default_backend`` picks the one a run uses.
 
 Locking rule: every coroutine here is awaited on the DSL's single event-loop thread
 (``frontend_dsl.loop``); the synchronous tokenizer methods may be called from any thread
@@ -11,13 +12,12 @@ and must not mutate shared state.
 
 from __future__ import annotations
 
-import weakref
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from frontend_dsl.constraints import ConstraintSpec
+from frontend_dsl.output_constraint import OutputConstraint
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class GenParams:
     top_k: int | None = None
     min_p: float | None = None
     seed: int | None = None
-    constraint: ConstraintSpec | None = None
+    constraint: OutputConstraint | None = None
     return_logprob: bool = False
     speculation: bool = True  # allow speculative drafts (never changes the output)
 
@@ -108,40 +108,3 @@ class Backend(ABC):
     def metrics(self) -> dict[str, Any]:
         """Backend counters (cache hit rate...); empty when the backend keeps none."""
         return {}
-
-
-_default_backend: Backend | None = None
-
-
-def set_default_backend(backend: Any) -> None:
-    """Use ``backend`` for every program run without an explicit ``backend=``.
-
-    Accepts a ``Backend`` or a ``runtime.Engine`` (wrapped in ``EngineBackend``).
-    """
-    global _default_backend
-    _default_backend = as_backend(backend)
-
-
-def get_default_backend() -> Backend:
-    """The backend set by ``set_default_backend``; raises if none was set."""
-    if _default_backend is None:
-        from frontend_dsl.errors import ProgramDefinitionError
-
-        raise ProgramDefinitionError("no backend: call set_default_backend(...) or pass backend=")
-    return _default_backend
-
-
-_engine_backends: weakref.WeakKeyDictionary[Any, Backend] = weakref.WeakKeyDictionary()
-
-
-def as_backend(backend: Any) -> Backend:
-    """``backend`` itself if it is a ``Backend``, else the ``EngineBackend`` around it
-    (one per engine, so per-backend caches such as role affixes are reused)."""
-    if isinstance(backend, Backend):
-        return backend
-    wrapped = _engine_backends.get(backend)
-    if wrapped is None:
-        from frontend_dsl.engine_backend import EngineBackend
-
-        wrapped = _engine_backends[backend] = EngineBackend(backend)
-    return wrapped

@@ -1,20 +1,21 @@
 """``EngineBackend``: the DSL's ``Backend`` over an in-process ``runtime.Engine``.
 
-This is the only module of ``frontend_dsl`` that imports ``runtime``. Every request is
-sent as token ids, so the engine's radix cache matches branches on the exact ids they
-share with their parent.
+It imports ``runtime`` (as ``hosting`` and ``runtime_endpoint`` do); ``import
+frontend_dsl`` loads none of the three. Every request is sent as token ids, so the
+engine's radix cache matches branches on the exact ids they share with their parent.
 """
 
 from __future__ import annotations
 
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from frontend_dsl.backend import Backend, GenChunk, GenParams
-from frontend_dsl.constraints import to_engine_constraint
 from frontend_dsl.errors import GenerationError
 from frontend_dsl.hf_codec import HFCodec
+from frontend_dsl.output_constraint import to_engine_constraint
 from runtime import SamplingParams
 
 
@@ -82,3 +83,15 @@ class EngineBackend(Backend):
 
     def metrics(self) -> dict[str, Any]:
         return dict(self.engine.metrics())
+
+
+_engine_backends: weakref.WeakKeyDictionary[Any, EngineBackend] = weakref.WeakKeyDictionary()
+
+
+def backend_for(engine: Any) -> EngineBackend:
+    """The ``EngineBackend`` of ``engine``: one per engine, so per-backend caches (role
+    affixes...) are shared by every run on it."""
+    backend = _engine_backends.get(engine)
+    if backend is None:
+        backend = _engine_backends[engine] = EngineBackend(engine)
+    return backend

@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from frontend_dsl.state import ProgramState
+
+class PartialState(Protocol):
+    """What ``ProgramError.state`` offers: the reads of a ``ProgramState``.
+
+    A protocol rather than ``ProgramState`` itself, so this module imports nothing of the
+    DSL (``state`` imports the errors).
+    """
+
+    def __getitem__(self, name: str) -> Any: ...
+
+    def text(self) -> str: ...
+
+    def token_ids(self) -> list[int]: ...
+
+    def messages(self) -> list[dict[str, str]]: ...
+
+    def variables(self) -> dict[str, Any]: ...
 
 
 class DSLError(Exception):
@@ -32,7 +47,7 @@ class ProgramError(DSLError):
     result; reading a variable whose node failed raises this error again.
     """
 
-    def __init__(self, message: str, state: ProgramState) -> None:
+    def __init__(self, message: str, state: PartialState) -> None:
         super().__init__(message)
         self.state = state
 

@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from frontend_dsl.backend import Backend, GenChunk
-from frontend_dsl.constraints import parse_output
 from frontend_dsl.errors import GenerationError, ProgramCancelledError
 from frontend_dsl.graph import Node
+from frontend_dsl.output_constraint import parse_output
 from frontend_dsl.primitives import Gen, Select
 from frontend_dsl.stream_data import StreamData
 from frontend_dsl.tokens import plan_append

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from frontend_dsl.backend import GenParams
-from frontend_dsl.constraints import make_constraint
 from frontend_dsl.errors import ProgramDefinitionError
+from frontend_dsl.output_constraint import make_constraint
 
 if TYPE_CHECKING:
     from frontend_dsl.tools import Tool

@@ -4,6 +4,9 @@ Every call builds a fresh ``Session``. ``run`` executes the body in the calling 
 while the nodes it adds run on the DSL loop; the run ends when the body has returned and
 every node has finished. A failed node or an exception in the body surfaces as one
 ``ProgramError`` whose ``state`` holds the partial result.
+
+A ``Program`` is also what ``arbor serve --programs`` hosts: it satisfies the server's
+``runtime.server.hosting.HostedProgram`` through ``frontend_dsl.hosting.ProgramHost``.
 """
 
 from __future__ import annotations
@@ -14,18 +17,24 @@ import functools
 import inspect
 import queue
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from frontend_dsl.backend import Backend, as_backend, get_default_backend
+from frontend_dsl.backend import Backend
+from frontend_dsl.default_backend import resolve_backend
 from frontend_dsl.errors import ProgramDefinitionError, ProgramError, TraceStop
 from frontend_dsl.executor import Executor, TextListener
 from frontend_dsl.graph import Graph
 from frontend_dsl.state import ProgramState
 from frontend_dsl.tracer import Session
+
+if TYPE_CHECKING:
+    from frontend_dsl.hosting import ProgramHost
+    from runtime.engine import Engine
+    from runtime.server.hosting import RunEvent
 
 ProgramFn = Callable[..., Any]
 
@@ -56,7 +65,7 @@ class Program:
         Raises:
             ProgramError: a node failed or the body raised; ``.state`` is the partial state.
         """
-        return self._run(_resolve(backend), kwargs, on_text=None)
+        return self._run(resolve_backend(backend), kwargs, on_text=None)
 
     def _run(self, backend: Backend, kwargs: dict[str, Any], on_text: TextListener | None) -> ProgramState:
         session = Session(self.name, backend, Executor(backend, on_text))
@@ -101,7 +110,7 @@ class Program:
         Returns:
             States (or errors) in the order of ``batch_kwargs``.
         """
-        resolved = _resolve(backend)
+        resolved = resolve_backend(backend)
 
         def one(kwargs: dict[str, Any]) -> Any:
             try:
@@ -126,7 +135,7 @@ class Program:
     def stream(self, backend: Any = None, **kwargs: Any) -> Iterator[str]:
         """Run and yield the root state's text as it is produced (constant text and
         generated deltas, in order). Raises ``ProgramError`` at the end if the run failed."""
-        resolved = _resolve(backend)
+        resolved = resolve_backend(backend)
         chunks: queue.Queue[str | None] = queue.Queue()
         outcome: list[BaseException] = []
 
@@ -156,16 +165,41 @@ class Program:
         on the value and run interpreted under ``run``. The backend is only used for its
         chat template.
         """
-        session = Session(self.name, _resolve(backend), executor=None)
+        session = Session(self.name, resolve_backend(backend), executor=None)
         with contextlib.suppress(TraceStop):
             self.fn(ProgramState(session), **example_args)
         return session.graph
+
+    # ---- hosted by a server: runtime.server.hosting.HostedProgram ----
+
+    @property
+    def description(self) -> str:
+        """The docstring, shown by ``GET /programs``."""
+        return inspect.getdoc(self.fn) or ""
+
+    def arguments_schema(self) -> dict[str, Any]:
+        """The JSON schema of the arguments (the parameters after the state)."""
+        return self._host.arguments_schema()
+
+    def validate_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The arguments, checked against the signature; raises ``InvalidArgumentsError``."""
+        return self._host.validate_arguments(arguments)
+
+    def run_hosted(self, engine: Engine, arguments: dict[str, Any]) -> AsyncGenerator[RunEvent, None]:
+        """Run once on a server's ``engine``: an event per finished generation, then the
+        outcome; closing the stream early aborts the run's requests."""
+        return self._host.run(engine, arguments)
+
+    @functools.cached_property
+    def _host(self) -> ProgramHost:
+        # NOTE: deferred (like as_backend's): frontend_dsl.hosting loads the engine side
+        # (runtime, torch), which `import frontend_dsl` must not; a server has it loaded.
+        from frontend_dsl.hosting import ProgramHost
+
+        return ProgramHost(self.name, self.fn, self.run)
 
 
 def program(fn: ProgramFn) -> Program:
     """Decorator: make ``fn(s, ...)`` a ``Program``."""
     return Program(fn)
 
-
-def _resolve(backend: Any) -> Backend:
-    return get_default_backend() if backend is None else as_backend(backend)

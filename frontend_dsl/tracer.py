@@ -22,11 +22,11 @@ import threading
 from typing import Any
 
 from frontend_dsl.backend import Backend, GenParams
-from frontend_dsl.constraints import ConstraintSpec
 from frontend_dsl.errors import ProgramDefinitionError, TraceStop
 from frontend_dsl.executor import Executor, ForkPayload, JoinPayload, TextPayload
 from frontend_dsl.graph import Graph, GraphStop, Node, NodeKind
 from frontend_dsl.loop import get_loop
+from frontend_dsl.output_constraint import OutputConstraint
 from frontend_dsl.primitives import Expr, Gen, Select, Seq
 from frontend_dsl.roles import ROLES, Role, role_affixes
 from frontend_dsl.stream_data import StreamData
@@ -91,7 +91,7 @@ class Session:
         if not item.tools:
             node = self._add("gen", stream_id, {"name": item.name, **item.params.describe()}, item)
         else:
-            constraint = ConstraintSpec("json_schema", call_schema(item.tools))
+            constraint = OutputConstraint("json_schema", call_schema(item.tools))
             params: GenParams = dataclasses.replace(item.params, constraint=constraint)
             item = dataclasses.replace(item, params=params)
             attrs = {"name": item.name, "tools": [t.name for t in item.tools], **params.describe()}

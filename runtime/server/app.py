@@ -18,6 +18,7 @@ from runtime.engine import Engine
 from runtime.server import native_api, openai_api, programs_api
 from runtime.server.auth import ApiKeyMiddleware
 from runtime.server.errors import install_error_handlers
+from runtime.server.hosting import HostedProgram
 from runtime.server.limits import AdmissionGate, BodyLimitMiddleware, ServerLimits
 from runtime.server.metrics import ServerMetrics
 from runtime.server.serving import ServerContext
@@ -25,7 +26,7 @@ from runtime.server.serving import ServerContext
 
 def create_app(
     engine: Engine,
-    programs: dict[str, Any] | None = None,
+    programs: dict[str, HostedProgram] | None = None,
     api_key: str | None = None,
     limits: ServerLimits | None = None,
     model_name: str | None = None,
@@ -34,8 +35,8 @@ def create_app(
 
     Args:
         engine: the one engine every route drives (not closed by the app).
-        programs: ``@program`` objects by name (``programs_api.load_programs``); the only
-            programs clients can run.
+        programs: hosted programs by name (``hosting.load_programs``: the ``@program``
+            objects of a file); the only programs clients can run.
         api_key: when set, every route but ``/health`` needs ``Authorization: Bearer <key>``.
         limits: body size, token caps, timeouts and queue bounds (defaults: ``ServerLimits()``).
         model_name: the id served by ``/v1/models`` (default: the engine's model setting).

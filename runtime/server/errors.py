@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
 from runtime.errors import EngineClosedError, InvalidRequestError, PromptTooLongError
+from runtime.server.hosting import ProgramRunFailedError
 from runtime.server.limits import Overloaded, error_body
 from runtime.server.serving import ClientGoneError, RequestTimeoutError, ServerContext
 
@@ -30,10 +31,6 @@ log = logging.getLogger("arbor.server")
 
 class ProgramNotFoundError(LookupError):
     """No program of that name was registered when the server started."""
-
-
-class ProgramRunFailedError(Exception):
-    """A program raised, or one of its generations failed (the message says which)."""
 
 
 class GenerationFailedError(Exception):

@@ -47,7 +47,7 @@ def serve(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> int:
 
     from runtime import Engine
     from runtime.server.app import create_app
-    from runtime.server.programs_api import load_programs
+    from runtime.server.hosting import load_programs
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     programs = load_programs(args.programs) if args.programs else {}

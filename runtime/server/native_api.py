@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request
 
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
-from runtime.server import constraints
+from runtime.server import engine_constraints
 from runtime.server.errors import GenerationFailedError, stream_error_event
 from runtime.server.protocol import (
     ChatTemplateRequest,
@@ -47,7 +47,7 @@ from runtime.server.sse import SSE_DONE, EventStreamResponse, sse
 
 def to_sampling_params(p: NativeSamplingParams) -> SamplingParams:
     fields = p.model_dump(exclude={"constraint"})
-    constraint = constraints.from_spec(p.constraint) if p.constraint is not None else None
+    constraint = engine_constraints.from_spec(p.constraint) if p.constraint is not None else None
     return SamplingParams(**fields, constraint=constraint)
 
 

@@ -1,7 +1,8 @@
 """``/v1/chat/completions``: the chat template, response_format, tools and tool_choice.
 
 Forced tool calls (``tool_choice`` "required" or a named function) and ``response_format``
-become a JSON-schema constraint without free whitespace (``constraints.COMPACT_WHITESPACE``).
+become a JSON-schema constraint without free whitespace
+(``engine_constraints.COMPACT_WHITESPACE``).
 ``tool_choice="auto"`` describes the tools in the system message and returns a tool call
 when the model's whole answer is one (``{"name": ..., "arguments": {...}}``).
 """
@@ -15,7 +16,7 @@ from fastapi import Request
 
 from runtime.errors import InvalidRequestError
 from runtime.outputs import RequestOutput
-from runtime.server import constraints
+from runtime.server import engine_constraints
 from runtime.server.openai_common import Endpoint, Job, response_constraint, token_text, usage
 from runtime.server.protocol import (
     ChatChoice,
@@ -59,7 +60,7 @@ class ChatEndpoint(Endpoint):
             raise InvalidRequestError("response_format cannot be combined with a forced tool call")
         if body.top_logprobs and not body.logprobs:
             raise InvalidRequestError("top_logprobs needs logprobs=true")
-        constraint = (constraints.json_schema(tool_call_schema(self.forced), compact=True) if self.forced
+        constraint = (engine_constraints.json_schema(tool_call_schema(self.forced), compact=True) if self.forced
                       else response_constraint(body.response_format))
         text = render_chat(ctx.engine, body.messages, self.tools, body.add_generation_prompt)
         self.prompt_ids = encode_prompt(ctx.engine, text)

@@ -12,7 +12,7 @@ from fastapi import Request
 from runtime.errors import InvalidRequestError
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
-from runtime.server import constraints
+from runtime.server import engine_constraints
 from runtime.server.errors import GenerationFailedError, stream_error_event
 from runtime.server.protocol import ResponseFormat, SamplingExtras, Usage
 from runtime.server.serving import (
@@ -153,9 +153,9 @@ def response_constraint(fmt: ResponseFormat | None) -> Any:
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":
-        return constraints.json_schema({"type": "object"}, compact=True)
+        return engine_constraints.json_schema({"type": "object"}, compact=True)
     assert fmt.json_schema is not None
-    return constraints.json_schema(fmt.json_schema.schema_, compact=True)
+    return engine_constraints.json_schema(fmt.json_schema.schema_, compact=True)
 
 
 def token_text(tokenizer: Any, token_id: int) -> str:

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from starlette.requests import Request as HttpRequest
 
@@ -24,6 +24,7 @@ from runtime.engine import Engine
 from runtime.errors import InvalidRequestError, PromptTooLongError
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
+from runtime.server.hosting import HostedProgram
 from runtime.server.limits import AdmissionGate, ServerLimits
 from runtime.server.metrics import ServerMetrics
 
@@ -39,7 +40,7 @@ class ServerContext:
     limits: ServerLimits
     gate: AdmissionGate
     metrics: ServerMetrics
-    programs: dict[str, Any] = field(default_factory=dict)  # name → frontend_dsl.Program
+    programs: dict[str, HostedProgram] = field(default_factory=dict)  # by name
 
 
 class RequestTimeoutError(Exception):

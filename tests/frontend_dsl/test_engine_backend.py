@@ -22,7 +22,7 @@ from frontend_dsl import (
     tool,
     user,
 )
-from frontend_dsl.backend import as_backend
+from frontend_dsl.default_backend import as_backend
 from frontend_dsl.tools import call_schema
 
 

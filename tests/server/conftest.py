@@ -62,7 +62,7 @@ def engine(server_model_dir: Path) -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def programs() -> dict[str, Any]:
-    from runtime.server.programs_api import load_programs
+    from runtime.server.hosting import load_programs
 
     return load_programs(PROGRAMS_FILE)
 

@@ -1,4 +1,7 @@
-"""Wire constraints → ``grammars`` constraint objects, validated before the engine sees them.
+"""Engine constraints (``SamplingParams.constraint``) from what a client sent: a native
+``constraint`` object (``protocol.ConstraintSpec``) or an OpenAI ``response_format`` /
+forced tool-call schema. The result is a ``grammars`` constraint object, validated before
+the engine sees it.
 
 An invalid schema, regex or grammar raises ``grammars.ConstraintError`` here (HTTP 400),
 so a bad constraint never takes an engine slot.

@@ -1,6 +1,6 @@
 """Output constraints of a ``gen``: what the caller asked for and how the output is checked.
 
-``ConstraintSpec`` is the DSL's own record of ``regex=`` / ``json_schema=`` / ``grammar=``.
+``OutputConstraint`` is the DSL's own record of ``regex=`` / ``json_schema=`` / ``grammar=``.
 ``to_engine_constraint`` is the single place that maps it onto what the engine accepts
 (``grammars`` constraint objects when that package provides them, else plain data), and
 ``parse_output`` turns the generated text into the variable's value.
@@ -22,7 +22,7 @@ ConstraintKind = Literal["regex", "json_schema", "grammar"]
 
 
 @dataclass(frozen=True)
-class ConstraintSpec:
+class OutputConstraint:
     """One output constraint.
 
     ``value`` is a regex pattern (str), a JSON schema (dict) or pydantic model class,
@@ -44,7 +44,7 @@ class ConstraintSpec:
 
 def make_constraint(
     regex: str | None, json_schema: Any, grammar: str | None
-) -> ConstraintSpec | None:
+) -> OutputConstraint | None:
     """Build the spec from ``gen``'s keyword arguments; at most one may be given."""
     given = [(k, v) for k, v in (("regex", regex), ("json_schema", json_schema),
                                  ("grammar", grammar)) if v is not None]
@@ -62,10 +62,10 @@ def make_constraint(
             re.compile(value)
         except re.error as exc:
             raise ProgramDefinitionError(f"invalid regex {value!r}: {exc}") from exc
-    return ConstraintSpec(kind, value)  # type: ignore[arg-type]
+    return OutputConstraint(kind, value)  # type: ignore[arg-type]
 
 
-def to_engine_constraint(spec: ConstraintSpec | None) -> Any:
+def to_engine_constraint(spec: OutputConstraint | None) -> Any:
     """Map a spec onto the engine's ``SamplingParams.constraint``.
 
     Uses ``grammars.RegexConstraint`` / ``GrammarConstraint`` when the ``grammars``
@@ -85,7 +85,7 @@ def to_engine_constraint(spec: ConstraintSpec | None) -> Any:
     return cls(spec.value) if cls is not None else {spec.kind: spec.value}
 
 
-def parse_output(text: str, spec: ConstraintSpec | None) -> Any:
+def parse_output(text: str, spec: OutputConstraint | None) -> Any:
     """The variable's value for generated ``text``; raises ``GenerationError`` if it fails
     the constraint (a regex that does not match in full, JSON that does not validate)."""
     if spec is None or spec.kind == "grammar":
