@@ -16,6 +16,7 @@ from typing import Any, Literal
 import jsonschema
 import pydantic
 
+import grammars
 from frontend_dsl.errors import GenerationError, ProgramDefinitionError
 
 ConstraintKind = Literal["regex", "json_schema", "grammar"]
@@ -68,21 +69,17 @@ def make_constraint(
 def to_engine_constraint(spec: OutputConstraint | None) -> Any:
     """Map a spec onto the engine's ``SamplingParams.constraint``.
 
-    Uses ``grammars.RegexConstraint`` / ``GrammarConstraint`` when the ``grammars``
-    package provides them; a JSON schema (dict or pydantic class) is passed as is,
-    since ``grammars.to_constraint`` accepts both.
+    Regex and grammar become ``grammars.RegexConstraint`` / ``GrammarConstraint``; a JSON
+    schema (dict or pydantic class) is passed as is, since ``grammars.to_constraint``
+    accepts both.
     """
     if spec is None:
         return None
     if spec.kind == "json_schema":
         return spec.value
-    try:
-        import grammars
-    except ImportError:  # grammars not built yet: pass the plain pattern along
-        return {spec.kind: spec.value}
-    cls_name = "RegexConstraint" if spec.kind == "regex" else "GrammarConstraint"
-    cls = getattr(grammars, cls_name, None)
-    return cls(spec.value) if cls is not None else {spec.kind: spec.value}
+    if spec.kind == "regex":
+        return grammars.RegexConstraint(spec.value)
+    return grammars.GrammarConstraint(spec.value)
 
 
 def parse_output(text: str, spec: OutputConstraint | None) -> Any:

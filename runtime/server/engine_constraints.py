@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import grammars
 from runtime.server.protocol import ConstraintSpec
 
 
 def from_spec(spec: ConstraintSpec) -> Any:
     """The ``SamplingParams.constraint`` for a native ``constraint`` object."""
-    import grammars
-
     if spec.json_schema is not None:
         return json_schema(spec.json_schema)
     if spec.regex is not None:
@@ -44,8 +43,6 @@ def json_schema(schema: dict[str, Any], compact: bool = False) -> Any:
         schema: the JSON schema; invalid ones raise ``grammars.ConstraintError``.
         compact: forbid free whitespace (unless the schema sets its own ``x-guidance``).
     """
-    import grammars
-
     if compact and "x-guidance" not in schema:
         schema = {**schema, **COMPACT_WHITESPACE}
     return grammars.to_constraint(schema)

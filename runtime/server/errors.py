@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
+from grammars import ConstraintError
 from runtime.errors import EngineClosedError, InvalidRequestError, PromptTooLongError
 from runtime.server.hosting import ProgramRunFailedError
 from runtime.server.limits import Overloaded, error_body
@@ -35,14 +36,6 @@ class ProgramNotFoundError(LookupError):
 
 class GenerationFailedError(Exception):
     """The engine finished the request with an error (``RequestOutput.error``)."""
-
-
-def _constraint_error() -> type[Exception]:
-    try:
-        from grammars import ConstraintError
-    except ImportError:  # grammars not installed: nothing raises it
-        return InvalidRequestError
-    return ConstraintError
 
 
 def classify(exc: BaseException) -> tuple[int, str]:
@@ -60,7 +53,7 @@ def _table() -> list[tuple[type[Exception], int, str]]:
         (Overloaded, 429, "rate_limit_error"),
         (PromptTooLongError, 400, "context_length_exceeded"),
         (InvalidRequestError, 400, "invalid_request_error"),
-        (_constraint_error(), 400, "invalid_constraint"),
+        (ConstraintError, 400, "invalid_constraint"),
         (ProgramNotFoundError, 404, "not_found_error"),
         (EngineClosedError, 503, "service_unavailable"),
         (RequestTimeoutError, 504, "timeout"),

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 
+from runtime.errors import InvalidRequestError
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
 from runtime.server import engine_constraints
@@ -79,8 +80,6 @@ def build_router(ctx: ServerContext) -> APIRouter:
     @router.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
         if any(not 0 <= t < engine.vocab_size for t in body.token_ids):
-            from runtime.errors import InvalidRequestError
-
             raise InvalidRequestError(f"token ids must be in [0, {engine.vocab_size})")
         text = engine.tokenizer.decode(body.token_ids, skip_special_tokens=body.skip_special_tokens,
                                        clean_up_tokenization_spaces=False)
