@@ -12,7 +12,7 @@ keywords llguidance does not implement compile to a documented superset, so a re
 grammar may emit an output the full schema refuses), and names every failure.
 
 The acceptance side (valid instances accepted, invalid ones rejected) is the test
-``tests/constrained/test_jsonschemabench.py``.
+``tests/runtime/constrained/test_jsonschemabench.py``.
 
     .venv/bin/python benchmarks/bench_jsonschemabench.py [--max-new-tokens 256] [--limit N]
 """

@@ -33,7 +33,7 @@ BACKENDS: dict[str, str] = {
 #     speculation) and keeps one regex dialect and one JSON layout for all kinds.
 # Baseline in the same run: the lm_head matmul of one decode step, 30 ms (b1) / 98 ms (b32).
 # outlines-core 0.2.14 also drops tokens that leave a final state for a non-final one
-# (see tests/constrained/test_matchers.py), so it is never a default.
+# (see tests/runtime/constrained/test_matchers.py), so it is never a default.
 DEFAULT_BACKEND_BY_KIND: dict[str, str] = {
     "json_schema": "llguidance",
     "regex": "llguidance",

@@ -81,9 +81,10 @@ def tiny_engine(tiny_llama_dir: Path) -> Iterator[Any]:
     engine.close()
 
 
-@pytest.fixture(params=["default", "tiny"])
+@pytest.fixture(params=[pytest.param("default", marks=pytest.mark.slow), "tiny"])
 def engine(request: pytest.FixtureRequest) -> Any:
-    """Each engine-level test runs on the default model and on the tiny random model."""
+    """Each engine-level test runs on the default model and on the tiny random model (the
+    default-model runs are slow: the quick run, ``-m "not slow"``, keeps the tiny ones)."""
     return request.getfixturevalue(f"{request.param}_engine")
 
 

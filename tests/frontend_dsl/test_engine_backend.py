@@ -53,6 +53,7 @@ def test_gen_in_roles_matches_the_engine_and_the_template(engine: Any) -> None:
     assert state.token_ids()[: len(prompt_ids)] == prompt_ids
 
 
+@pytest.mark.slow
 def test_default_model_knows_paris(default_engine: Any) -> None:
     assert "Paris" in qa.run(default_engine, question="What is the capital of France?")["answer"]
 
@@ -108,6 +109,7 @@ def test_select_matches_independent_engine_logprobs(engine: Any) -> None:
     assert state["city"] == max(expected, key=lambda c: expected[c])
 
 
+@pytest.mark.slow
 def test_select_picks_paris_on_the_default_model(default_engine: Any) -> None:
     @program
     def pick(s: Any) -> None:

@@ -68,7 +68,8 @@ def tiny(tiny_llama_dir: Path) -> Engine:
     engine.close()
 
 
-@pytest.mark.parametrize("kind", sorted(CASES))
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.slow) if k in ("json_schema", "lark")
+                                  else k for k in sorted(CASES)])
 def test_always_valid_tiny_model(tiny: Engine, kind: str) -> None:
     # Random weights wander, so some generations end at "length"; every finished output
     # must validate. (The shipped arithmetic grammar ignores spaces, and random weights

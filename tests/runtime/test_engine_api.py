@@ -25,6 +25,7 @@ def tiny(tiny_llama_dir: Path) -> Engine:
     engine.close()
 
 
+@pytest.mark.slow
 def test_seeded_request_same_alone_and_in_batch(default_engine: Engine) -> None:
     params = SamplingParams(max_new_tokens=24, temperature=0.9, top_p=0.95, seed=1234)
     def chat(text: str) -> str:
@@ -185,6 +186,7 @@ def test_close_ends_requests_in_flight_and_refuses_new_ones(tiny_llama_dir: Path
     engine.close()  # a second close does nothing
 
 
+@pytest.mark.slow
 def test_a_script_may_exit_while_its_engine_is_busy() -> None:
     # Without the engine's exit hook this aborted the interpreter ("terminate called
     # without an active exception", status 134) in 4 of 5 runs: the loop thread was

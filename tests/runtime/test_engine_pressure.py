@@ -46,7 +46,8 @@ def run_alone(model_dir: Path) -> list[list[int]]:
 
 # Pools of 160 tokens and 176 tokens for ~64 x 40 tokens of demand. The decode reserve is
 # off so that admission is optimistic and decode runs out of pages (retraction).
-@pytest.mark.parametrize(("page_size", "num_pages", "reserve"), [(1, 161, 0), (16, 12, 0)])
+@pytest.mark.parametrize(("page_size", "num_pages", "reserve"),
+                         [pytest.param(1, 161, 0, marks=pytest.mark.slow), (16, 12, 0)])
 def test_concurrent_requests_under_pressure_match_alone(
     tiny_llama_dir: Path, page_size: int, num_pages: int, reserve: int
 ) -> None:

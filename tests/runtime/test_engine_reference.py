@@ -71,13 +71,17 @@ def default_hf(default_engine: Engine) -> torch.nn.Module:
     return load_hf(default_engine.model_dir)
 
 
+@pytest.mark.slow
 def test_default_model_batch_matches_hf_alone(default_engine: Engine, default_hf: torch.nn.Module) -> None:
     prompts = [default_engine.tokenizer(p)["input_ids"] for p in PROMPTS]
     check_against_hf(default_engine, default_hf, prompts)
 
 
+# NOTE: the quick run keeps the Llama at both page sizes; tests/runtime/model/test_llama.py
+# checks every architecture's logits against HF in milliseconds.
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "llama3"])
+@pytest.mark.parametrize("arch", ["llama", pytest.param("qwen2", marks=pytest.mark.slow),
+                                  pytest.param("llama3", marks=pytest.mark.slow)])
 def test_tiny_models_match_hf(arch: str, page_size: int, request: pytest.FixtureRequest) -> None:
     model_dir = request.getfixturevalue(f"tiny_{arch}_dir")
     engine = Engine(model=str(model_dir), page_size=page_size, num_pages=2048 // page_size)
@@ -89,6 +93,7 @@ def test_tiny_models_match_hf(arch: str, page_size: int, request: pytest.Fixture
         engine.close()
 
 
+@pytest.mark.slow
 def test_shared_prefix_and_chunked_prefill_keep_tokens(tiny_llama_dir: Path) -> None:
     """Prefix reuse and chunked prefill change the schedule, never the tokens."""
     base = list(range(100, 160))

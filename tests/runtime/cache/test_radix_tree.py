@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 from runtime.cache.no_prefix_cache import NoPrefixCache
-from runtime.cache.page_pool import OutOfPagesError, PagePool
+from runtime.cache.page_pool import PagePool
 from runtime.cache.prefix_cache import EMPTY_MATCH, PrefixMatch
 from runtime.cache.radix_tree import RadixTree
 
@@ -24,20 +22,6 @@ def insert(pool: PagePool, tree: RadixTree, tokens: list[int]) -> list[int]:
     tree.cache_finished(tokens, pages, match)
     tree.check_integrity()
     return pages
-
-
-def test_page_pool_hands_out_lowest_ids_then_freed_fifo() -> None:
-    pool = PagePool(6, 4)
-    assert pool.num_usable_pages == 5 and pool.allocate(3) == [1, 2, 3]
-    pool.free([2, 1])
-    assert pool.allocate(3) == [4, 5, 2] and pool.free_pages() == [1]
-    with pytest.raises(OutOfPagesError):
-        pool.allocate(2)
-    with pytest.raises(ValueError):
-        pool.free([1])  # already free
-    with pytest.raises(ValueError):
-        pool.free([0])  # the padding page
-    assert pool.pages_for_tokens(0) == 0 and pool.pages_for_tokens(9) == 3
 
 
 def test_insert_and_match_exact_pages() -> None:

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import httpx
+import pytest
 from server_helpers import LiveServer, engine_metric
 
 from runtime.server import ServerLimits, create_app
@@ -65,6 +66,7 @@ async def burst(url: str) -> list[list[tuple[int, str]]]:
             asyncio.gather(*(send_with_retries(client, i) for i in range(NUM_REQUESTS))), timeout=90))
 
 
+@pytest.mark.slow
 def test_200_concurrent_mixed_requests(engine: Any, programs: dict[str, Any]) -> None:
     assert engine.wait_idle(30)
     idle_pages = engine_metric(engine, "kv_pages_used")

@@ -27,7 +27,7 @@ from runtime.constrained import (
 )
 from runtime.constrained.bitmask import allowed_token_ids
 from runtime.constrained.token_bytes import ordinary_token_bytes
-from tests.constrained.conftest import EOS, encode
+from tests.runtime.constrained.conftest import EOS, encode
 
 DATA_DIR = Path("/work/shared/jsonschemabench")
 COMPILE_TIMEOUT_S = 10.0

@@ -25,7 +25,7 @@ from runtime.constrained import (
     allocate_token_bitmask,
     default_backend_name,
 )
-from tests.constrained.conftest import EOS
+from tests.runtime.constrained.conftest import EOS
 
 NUM_SAMPLES = 200
 MAX_TOKENS = 512

@@ -82,6 +82,7 @@ def _histograms(engine: Engine, runs: int) -> torch.Tensor:
     return torch.stack([torch.bincount(tokens[:, i], minlength=16) for i in range(10)])  # [10, 16]
 
 
+@pytest.mark.slow
 def test_sampling_distribution_kept(tiny16_dir: Path) -> None:
     from scipy.stats import chi2_contingency
 
@@ -102,6 +103,7 @@ def test_sampling_distribution_kept(tiny16_dir: Path) -> None:
         assert p_value > 0.001, f"position {pos}: distributions differ (p={p_value:.2g})"
 
 
+@pytest.mark.slow
 def test_verify_rule_keeps_the_distribution() -> None:
     """The first returned token is distributed as p whatever the draft is."""
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05])

@@ -9,7 +9,7 @@ import torch
 
 from grammars import Constraint, ConstraintError, RegexConstraint, load_grammar, to_constraint
 from runtime.constrained import GrammarMatcher, allocate_token_bitmask, allowed_token_ids
-from tests.constrained.conftest import BACKEND_NAMES, EOS, encode
+from tests.runtime.constrained.conftest import BACKEND_NAMES, EOS, encode
 
 PERSON = {
     "type": "object",

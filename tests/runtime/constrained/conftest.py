@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 if sys.path[:1] != [str(ROOT)]:
     sys.path.insert(0, str(ROOT))
 for _name in ("grammars", "runtime"):  # drop namespace-package shadows (see tests/grammars)
