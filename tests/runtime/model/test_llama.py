@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from runtime.cache.kv_cache import KVCache
 from runtime.model.attention import AttentionMetadata
+from runtime.model.kv_cache import KVCache
 from runtime.model.llama import LlamaForCausalLM, ModelArgs
 from runtime.model.loader import load_model
 

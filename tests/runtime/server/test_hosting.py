@@ -32,7 +32,7 @@ from runtime.server.hosting import (
     load_programs,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class EchoHost:
