@@ -13,6 +13,8 @@ import types
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from runtime.config import EngineConfig
+from runtime.errors import ArborError
+from runtime.server.launch import add_server_flags
 
 
 def _flag_type(hint: Any) -> Any:
@@ -39,7 +41,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from runtime import Engine, SamplingParams
+    from runtime import Engine, SamplingParams  # NOTE: torch loads only for a command that runs
+
 
     started = time.perf_counter()
     engine = Engine(**engine_kwargs(args))
@@ -59,7 +62,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from runtime.server.launch import serve
+    from runtime.server.launch import serve  # NOTE: the web stack loads only to serve
 
     return serve(args, engine_kwargs(args))
 
@@ -77,8 +80,6 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed-sample", type=int, default=None, help="sampling seed")
     add_engine_flags(gen)
     gen.set_defaults(func=_cmd_generate)
-    from runtime.server.launch import add_server_flags
-
     srv = sub.add_parser("serve", help="serve the engine over HTTP (native, OpenAI, programs)")
     add_server_flags(srv)
     add_engine_flags(srv)
@@ -88,8 +89,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from runtime.errors import ArborError
-
     try:
         result: int = args.func(args)
         return result

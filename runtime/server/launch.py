@@ -6,6 +6,7 @@ import argparse
 import logging
 from typing import Any
 
+from runtime.server.hosting import load_programs
 from runtime.server.limits import ServerLimits
 
 log = logging.getLogger("arbor.server")
@@ -43,11 +44,12 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
 
 def serve(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> int:
     """Build the engine and the app from parsed flags and serve until interrupted."""
+    # NOTE: here, not at the top: `arbor --help` and `arbor generate` parse these flags
+    # and must not load the web stack (or torch, through the engine) to do so.
     import uvicorn
 
     from runtime import Engine
     from runtime.server.app import create_app
-    from runtime.server.hosting import load_programs
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     programs = load_programs(args.programs) if args.programs else {}
