@@ -1,7 +1,7 @@
 """From logits to the caller: drafts, verification, sampling, stop checks, detokenization.
 
 The output processor owns the per-request state that is not about KV (``tracked``: the
-detokenizer, callback, generator, grammar matcher, logprobs, speculation counters) and is
+detokenizer, callback, seed, grammar matcher, logprobs, speculation counters) and is
 the only writer of a request's ``output_ids`` and ``finish_reason``. In the engine step:
 
 - before the pass, ``propose_drafts`` proposes speculative drafts (the scheduler decides
@@ -48,7 +48,7 @@ class TrackedRequest:
     request: Request
     detok: IncrementalDetokenizer
     callback: OutputCallback | None
-    generator: torch.Generator | None  # the request's own, when it has a seed
+    seed: int  # the request's own, or drawn from the engine's generator at submission
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[TopLogprobs] = field(default_factory=list)
     prompt_logprobs: list[float | None] = field(default_factory=list)  # per prompt token
@@ -89,7 +89,8 @@ class OutputProcessor:
     Args:
         release: takes a finishing request out of the scheduler (or wherever the engine
             holds it); called once per request, before its final output is emitted.
-        generator: the engine's random generator, for requests without a seed.
+        generator: the engine's random generator: it draws the seed of every request
+            submitted without one (so sampling is reproducible per engine seed).
         spec_fixed_cost_rows: a forward pass's fixed cost in rows, for drafting decisions.
     """
 
@@ -117,11 +118,12 @@ class OutputProcessor:
         """
         params = request.params
         detok = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
-        gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         with self._lock:
             if request.request_id in self._tracked:
                 raise InvalidRequestError(f"duplicate request id {request.request_id!r}")
-            self._tracked[request.request_id] = TrackedRequest(request, detok, callback, gen)
+            seed = params.seed if params.seed is not None else int(
+                torch.randint(0, 2**63 - 1, (), generator=self._generator))
+            self._tracked[request.request_id] = TrackedRequest(request, detok, callback, seed)
 
     def attach_matcher(self, request_id: str, matcher: GrammarMatcher) -> None:
         """Constrain a tracked request (before it is scheduled)."""
@@ -138,8 +140,9 @@ class OutputProcessor:
     # ---- before the pass ------------------------------------------------------------------
     def propose_drafts(self, decoding: list[Request]) -> dict[str, list[int]]:
         """Draft tokens for every decoding request that allows speculation, by id."""
-        batch_even = lookup_break_even(len(decoding), self._spec_fixed_cost_rows)
-        alone_even = lookup_break_even(1, self._spec_fixed_cost_rows)
+        # NOTE: drafts never change a token (greedy or sampled: see the sampler), so every
+        # request follows the break-even rate of the current batch size.
+        break_even = lookup_break_even(len(decoding), self._spec_fixed_cost_rows)
         proposed: dict[str, list[int]] = {}
         for req in decoding:
             if not req.params.speculation:
@@ -151,11 +154,7 @@ class OutputProcessor:
             if t.prompt_text is None:
                 t.prompt_text = self.tokenizer.decode(req.prompt_ids)  # type: ignore[attr-defined]
             texts = (t.prompt_text, t.detok.text)
-            # NOTE: only greedy requests follow the batch size: a sampled request's random
-            # draws depend on whether it drafted, and a seeded request must give the same
-            # tokens alone and inside any batch, so it is judged as if alone.
-            gate = batch_even if req.params.greedy else alone_even
-            drafts, forced = self.proposer.propose(req.all_ids, t.matcher, t.spec, room, texts, gate)
+            drafts, forced = self.proposer.propose(req.all_ids, t.matcher, t.spec, room, texts, break_even)
             t.drafts_from_lookup = bool(drafts) and not forced
             if t.drafts_from_lookup:
                 t.spec.lookup_rounds += 1
@@ -178,8 +177,8 @@ class OutputProcessor:
         """Accept drafts exactly (see runtime.speculative.verify)."""
         t = self._tracked[req.request_id]
         stop_ids = set(req.params.stop_token_ids) | set(self.eos_token_ids)
-        tokens, accepted = verify_drafts(rows, drafts, req.params, t.matcher,
-                                         t.generator or self._generator, stop_ids)
+        tokens, accepted = verify_drafts(rows, drafts, req.params, t.matcher, t.seed,
+                                         len(req.output_ids), stop_ids)
         self._count_spec(t, len(drafts), accepted, from_lookup=t.drafts_from_lookup)
         logprobs, top = self._logprobs_of(req.params, rows[: len(tokens)], tokens)
         return NewTokens(req, tokens, logprobs, top, verified=True)
@@ -190,7 +189,8 @@ class OutputProcessor:
         tracked = [self._tracked[rid] for rid in result.sample_ids]
         reqs = [t.request for t in tracked]
         dead = set(mask_logits(result.logits, [t.matcher for t in tracked]))
-        out = sample(result.logits, [r.params for r in reqs], [t.generator for t in tracked], self._generator)
+        out = sample(result.logits, [r.params for r in reqs], [t.seed for t in tracked],
+                     [len(r.output_ids) for r in reqs])
         new = []
         for i, req in enumerate(reqs):
             k = req.params.top_logprobs

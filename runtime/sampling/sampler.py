@@ -1,18 +1,28 @@
-"""Batched sampling: temperature, top-k, top-p, min-p, per-request seeds, logprobs.
+"""Batched sampling: temperature, top-k, top-p, min-p, seeds, logprobs.
 
-One call handles the whole batch with tensor ops. Randomness is one uniform number per
-request per step, drawn from that request's own generator when it has a seed, so a
-seeded request draws the same numbers alone or inside any batch. The token is picked by
-inverse CDF over the filtered distribution (sorted by probability, ties by token id).
+A sampled token is a function of the logits and of (seed, position) alone: Gumbel-max.
+The token at output position ``i`` of a request with seed ``s`` is::
+
+    argmax_t  logits[t] / T + G(s, i)[t]      over the tokens top-k/top-p/min-p keep
+
+where ``G(s, i)`` is a vector of standard Gumbel noise drawn from a generator seeded by a
+hash of ``(s, i)``. That is an exact draw from the filtered softmax (Gumbel-max), and it
+uses no random state shared with anything else: a seeded request gives the same tokens
+alone or in any batch, under page pressure or retraction, with speculation on or off (a
+draft is accepted exactly when it equals this token: ``runtime.speculative.verify``).
+Requests without a seed get one from the engine's generator when they are submitted.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from runtime.sampling_params import SamplingParams
+
+_MASK64 = (1 << 64) - 1
 
 
 @dataclass(frozen=True)
@@ -24,21 +34,19 @@ class SampleOutput:
 
 def sample(
     logits: torch.Tensor,  # [B, V] float32 (masked where constrained: -inf = forbidden)
-    params: list[SamplingParams],
-    generators: list[torch.Generator | None],
-    default_generator: torch.Generator,
+    params: Sequence[SamplingParams],
+    seeds: Sequence[int],  # [B] each row's request seed
+    positions: Sequence[int],  # [B] each row's output position (tokens generated before it)
 ) -> SampleOutput:
     batch = logits.shape[0]
     greedy = torch.tensor([p.greedy for p in params])
     token_ids = logits.argmax(dim=-1)
     if not bool(greedy.all()):
-        rows = (~greedy).nonzero().flatten()
-        sub = [params[i] for i in rows.tolist()]
-        gens = [generators[i] or default_generator for i in rows.tolist()]
-        token_ids[rows] = _sample_rows(logits[rows], sub, gens)
+        rows = (~greedy).nonzero().flatten().tolist()
+        token_ids[rows] = _sample_rows(logits[rows], [params[i] for i in rows],
+                                       [seeds[i] for i in rows], [positions[i] for i in rows])
     ids = token_ids.tolist()
-    want_lp = any(p.logprobs or p.top_logprobs for p in params)
-    if not want_lp:
+    if not any(p.logprobs or p.top_logprobs for p in params):
         return SampleOutput(ids, None, None)
     logp = torch.log_softmax(logits.float(), dim=-1)
     chosen = logp[torch.arange(batch), token_ids].tolist()
@@ -53,39 +61,34 @@ def sample(
 def _sample_rows(
     logits: torch.Tensor,  # [N, V]
     params: list[SamplingParams],
-    generators: list[torch.Generator],
+    seeds: list[int],
+    positions: list[int],
 ) -> torch.Tensor:  # [N] int64
     temp = torch.tensor([p.temperature for p in params], dtype=torch.float32)[:, None]
-    probs = torch.softmax(logits / temp, dim=-1)
-    u = torch.stack([torch.rand((), generator=g) for g in generators])[:, None]
-    if not any(p.top_k or p.top_p < 1.0 or p.min_p > 0.0 for p in params):
-        # No filter: inverse CDF in token-id order, no sort needed.
-        return _inverse_cdf(probs, u)
-    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
-    keep = _filter_mask(sorted_probs, params)
-    return order.gather(1, _inverse_cdf(sorted_probs * keep, u)[:, None]).flatten()
+    scaled = logits.float() / temp
+    if any(p.top_k or p.top_p < 1.0 or p.min_p > 0.0 for p in params):
+        probs = torch.softmax(scaled, dim=-1)
+        sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
+        keep = torch.zeros_like(probs, dtype=torch.bool).scatter_(1, order, _filter_mask(sorted_probs, params))
+        scaled = scaled.masked_fill(~keep, float("-inf"))
+    noise = torch.stack([gumbel_noise(s, i, logits.shape[1]) for s, i in zip(seeds, positions, strict=True)])
+    return (scaled + noise).argmax(dim=-1)
 
 
-def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """[N, V] probabilities after temperature, top-k, top-p and min-p (rows sum to 1).
-
-    The same distribution ``_sample_rows`` draws from (used to verify sampled drafts).
-    """
-    temp = torch.tensor([p.temperature for p in params], dtype=torch.float32)[:, None]
-    probs = torch.softmax(logits.float() / temp, dim=-1)
-    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
-    keep = _filter_mask(sorted_probs, params)
-    kept = torch.zeros_like(probs).scatter_(1, order, sorted_probs * keep)
-    return kept / kept.sum(dim=-1, keepdim=True)
+def gumbel_noise(seed: int, position: int, vocab_size: int) -> torch.Tensor:
+    """[V] standard Gumbel noise, a pure function of (seed, position)."""
+    gen = torch.Generator().manual_seed(noise_key(seed, position))
+    u = torch.rand(vocab_size, generator=gen)  # [0, 1): u = 0 gives -inf (never picked)
+    return -torch.log(-torch.log(u))
 
 
-def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:  # [N] int64
-    """The first index whose cumulative mass exceeds ``u`` x total, skipping zero-mass tail."""
-    cdf = probs.cumsum(dim=-1)
-    pick = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).flatten()
-    # Float round-off can land past the last entry with mass: clamp to it.
-    last = (probs > 0).cumsum(dim=-1).argmax(dim=-1)
-    return torch.minimum(pick, last)
+def noise_key(seed: int, position: int) -> int:
+    """A 64-bit generator seed for (seed, position): splitmix64 of the pair, so nearby
+    seeds and positions give unrelated streams."""
+    x = (seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
 
 
 def _filter_mask(sorted_probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

@@ -4,16 +4,15 @@ For a request that decodes token ``x0`` (its newest sampled token) with drafts
 ``d1..dk``, one forward pass over ``[x0, d1, .., dk]`` gives logits rows ``0..k``; row
 ``i`` is the model's distribution for the token after ``d_i`` (``d_0 = x0``). Walking the
 rows in order, with the grammar mask applied to each from the matcher's state at that
-point:
+point, the token at each position is chosen exactly as plain decoding chooses it there
+(``runtime.sampling.sampler``: the argmax when greedy; Gumbel-max with noise keyed by the
+request's seed and the output position when sampling), and ``d_{i+1}`` is accepted iff
+it is that token. The first mismatch is replaced by the chosen token.
 
-- greedy: accept ``d_{i+1}`` iff it is the argmax of row ``i``; the first mismatch is
-  replaced by the argmax, so the output is token for token what plain decoding gives;
-- sampling (the draft is a point mass ``q``): accept ``d_{i+1}`` with probability
-  ``p(d_{i+1})``; on rejection sample from ``p`` with ``d_{i+1}`` removed,
-  renormalised (the residual ``max(p - q, 0)``), which keeps the output distribution
-  exactly ``p`` (Leviathan et al., Chen et al. 2023).
-
-If every draft is accepted, row ``k`` yields one more token for free.
+So the output is token for token what decoding without drafts gives, greedy or sampled,
+and a point-mass draft accepted this way keeps the sampling distribution exactly (the
+accepted token is the one the sampler would have drawn). If every draft is accepted,
+row ``k`` yields one more token for free.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ import torch
 
 from runtime.constrained.masking import mask_logits
 from runtime.constrained.matcher import GrammarMatcher
-from runtime.sampling.sampler import filtered_probs, sample
+from runtime.sampling.sampler import sample
 from runtime.sampling_params import SamplingParams
 
 
@@ -31,7 +30,8 @@ def verify_drafts(
     drafts: list[int],  # [k]
     params: SamplingParams,
     matcher: GrammarMatcher | None,
-    generator: torch.Generator,
+    seed: int,
+    position: int,  # output position of the token row 0 chooses
     stop_ids: set[int],
 ) -> tuple[list[int], int]:
     """Returns (tokens to append, number of drafts accepted).
@@ -44,28 +44,11 @@ def verify_drafts(
         row = logits[i : i + 1]
         if matcher is not None and mask_logits(row, [matcher]):
             return out, i  # dead end: no token allowed; the caller finishes the request
+        token = sample(row, [params], [seed], [position + i]).token_ids[0]
         draft = drafts[i] if i < len(drafts) else None
-        token = _accept_or_resample(row[0], draft, params, generator)
         out.append(token)
         if matcher is not None:
             matcher.accept_token(token)
         if token != draft or token in stop_ids:
             return out, i + (token == draft)
     return out, len(drafts)
-
-
-def _accept_or_resample(
-    row: torch.Tensor, draft: int | None, params: SamplingParams, generator: torch.Generator
-) -> int:
-    if params.greedy:
-        return int(row.argmax())
-    if draft is None:
-        return sample(row[None], [params], [generator], generator).token_ids[0]
-    probs = filtered_probs(row[None], [params])[0]
-    if torch.rand((), generator=generator) < probs[draft]:
-        return draft
-    residual = probs.clone()
-    residual[draft] = 0.0
-    if residual.sum() <= 0:
-        return draft  # p is a point mass on the draft: it was certain anyway
-    return int(torch.multinomial(residual / residual.sum(), 1, generator=generator))

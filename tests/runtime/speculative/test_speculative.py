@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from grammars import RegexConstraint, load_grammar
 from runtime import Engine, SamplingParams
+from runtime.sampling.sampler import sample
 from runtime.speculative.drafts import (
     DraftProposer,
     PromptLookupDraft,
@@ -73,29 +74,38 @@ def tiny16_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _save_tiny_model(config, LlamaForCausalLM, tmp_path_factory.mktemp("tiny16"))
 
 
-def _histograms(engine: Engine, runs: int) -> torch.Tensor:
+def _sampled_tokens(engine: Engine, runs: int) -> torch.Tensor:
+    """[runs, 10] tokens of seeded sampled requests, 8 at a time (at that batch size a
+    request's prompt-lookup drafts are tried: break-even 8 / (16 + 8) < the prior 1/2)."""
     prompt = [3, 4, 5, 3, 4, 5, 3, 4]  # repetitive, so prompt lookup proposes drafts
     params = [SamplingParams(max_new_tokens=10, temperature=1.0, seed=s, ignore_eos=True)
               for s in range(runs)]
-    outs = engine.generate(input_ids=[prompt] * runs, sampling_params=params)
-    tokens = torch.tensor([o.token_ids for o in outs])  # [runs, 10]
-    return torch.stack([torch.bincount(tokens[:, i], minlength=16) for i in range(10)])  # [10, 16]
+    outs = [o for i in range(0, runs, 8)
+            for o in engine.generate(input_ids=[prompt] * len(params[i : i + 8]), sampling_params=params[i : i + 8])]
+    return torch.tensor([o.token_ids for o in outs])
 
 
 @pytest.mark.slow
 def test_sampling_distribution_kept(tiny16_dir: Path) -> None:
+    """Seeded sampled tokens are the same with speculation on and off (a draft is accepted
+    exactly when it is the token the sampler draws at that seed and position), so the
+    distribution is kept too."""
     from scipy.stats import chi2_contingency
 
     runs = 600
-    hist = {}
+    tokens = {}
     for spec in (False, True):
         engine = Engine(model=str(tiny16_dir), page_size=4, num_pages=2048, speculation=spec)
         try:
-            hist[spec] = _histograms(engine, runs)
+            tokens[spec] = _sampled_tokens(engine, runs)
             if spec:
                 assert engine.metrics()["spec_draft_tokens"] > 0
+                assert engine.metrics()["spec_accepted_tokens"] > 0
         finally:
             engine.close()
+    assert torch.equal(tokens[False], tokens[True])
+    hist = {spec: torch.stack([torch.bincount(t[:, i], minlength=16) for i in range(10)])
+            for spec, t in tokens.items()}
     for pos in (1, 4, 9):  # positions past the first draft
         table = torch.stack([hist[False][pos], hist[True][pos]])
         table = table[:, table.sum(0) > 0]
@@ -105,16 +115,18 @@ def test_sampling_distribution_kept(tiny16_dir: Path) -> None:
 
 @pytest.mark.slow
 def test_verify_rule_keeps_the_distribution() -> None:
-    """The first returned token is distributed as p whatever the draft is."""
+    """The first returned token is distributed as p whatever the draft is, and it is the
+    token plain sampling draws at that (seed, position)."""
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
     logits = probs.log()[None].repeat(2, 1)
     params = SamplingParams(temperature=1.0)
-    gen = torch.Generator().manual_seed(0)
     for draft in (0, 3):
         counts = torch.zeros(4)
-        for _ in range(4000):
-            tokens, _ = verify_drafts(logits.clone(), [draft], params, None, gen, set())
+        for seed in range(4000):
+            tokens, accepted = verify_drafts(logits.clone(), [draft], params, None, seed, 7, set())
             counts[tokens[0]] += 1
+            assert tokens[0] == sample(logits[:1], [params], [seed], [7]).token_ids[0]
+            assert accepted == (tokens[0] == draft)
         assert torch.allclose(counts / counts.sum(), probs, atol=0.03)
 
 
@@ -123,10 +135,10 @@ def test_verify_greedy_accepts_exact_prefix() -> None:
     for row, best in enumerate([3, 5, 1, 7]):
         logits[row, best] = 5.0
     tokens, accepted = verify_drafts(logits, [3, 5, 2], SamplingParams(temperature=0.0), None,
-                                     torch.Generator(), set())
+                                     0, 0, set())
     assert tokens == [3, 5, 1] and accepted == 2
     tokens, accepted = verify_drafts(logits, [3, 5, 1], SamplingParams(temperature=0.0), None,
-                                     torch.Generator(), set())
+                                     0, 0, set())
     assert tokens == [3, 5, 1, 7] and accepted == 3  # all accepted plus one bonus token
 
 
