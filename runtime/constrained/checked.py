@@ -21,12 +21,16 @@ class CheckedGrammar(CompiledGrammar):
 
     Args:
         bounds: the number bounds table for JSON constraints with bounds, else None.
+        always_check: check every finished output, even where the grammar reached its end
+            (the backend may relax a schema without saying so).
     """
 
-    def __init__(self, grammar: CompiledGrammar, constraint: Constraint, bounds: BoundsTable | None) -> None:
+    def __init__(self, grammar: CompiledGrammar, constraint: Constraint, bounds: BoundsTable | None,
+                 always_check: bool = False) -> None:
         self.grammar = grammar
         self.constraint = constraint
         self.bounds = bounds
+        self.always_check = always_check
         self.approximation = grammar.approximation
 
     def new_matcher(self) -> GrammarMatcher:
@@ -41,13 +45,14 @@ class CheckedGrammar(CompiledGrammar):
                 token), with no stop string or stop id in between.
 
         Returns:
-            Valid by construction for an exact grammar that reached its end; otherwise the
+            Valid by construction for an exact grammar that reached its end (from a backend
+            that reports relaxations); otherwise the
             result of ``grammars.parse_output`` (jsonschema, ``re``, lark); an output cut by
             max_new_tokens is not checked (``valid`` None).
         """
         if reason == "length":
             return ConstraintCheck(self.approximation, None)
-        if grammar_end and self.approximation is None:
+        if grammar_end and self.approximation is None and not self.always_check:
             return ConstraintCheck(None, True)
         try:
             parse_output(self.constraint, text)

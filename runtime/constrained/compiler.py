@@ -139,7 +139,7 @@ class GrammarCompiler:
         timer.daemon = True
         timer.start()
         try:
-            compiled = self._checked(constraint, backend.compile(constraint))
+            compiled = self._checked(constraint, backend.compile(constraint), backend.reports_relaxation)
         except ConstraintError as exc:
             _try_set(outer, exception=exc)
         except Exception as exc:  # a library bug, not the user's constraint: same error type
@@ -149,8 +149,9 @@ class GrammarCompiler:
         finally:
             timer.cancel()
 
-    def _checked(self, constraint: Constraint, compiled: CompiledGrammar) -> CheckedGrammar:
-        """Refuse a relaxation of a strict constraint; attach bounds and the constraint."""
+    def _checked(self, constraint: Constraint, compiled: CompiledGrammar, reports_relaxation: bool) -> CheckedGrammar:
+        """Refuse a relaxation of a strict constraint; attach bounds and the constraint.
+        NOTE: a backend that may relax silently gets every JSON output checked."""
         schema = constraint if isinstance(constraint, JsonSchemaConstraint) else None
         if compiled.approximation is not None:
             if schema is not None and schema.strict:
@@ -161,7 +162,7 @@ class GrammarCompiler:
             with self._lock:
                 self.num_relaxed += 1
         bounds = self._bounds_table(schema.bounds) if schema is not None and schema.bounds else None
-        return CheckedGrammar(compiled, constraint, bounds)
+        return CheckedGrammar(compiled, constraint, bounds, always_check=schema is not None and not reports_relaxation)
 
     def _bounds_table(self, bounds: JsonBounds) -> BoundsTable:
         with self._backend_lock:

@@ -122,6 +122,7 @@ class LLGuidanceBackend(GrammarBackend):
     """
 
     name = "llguidance"
+    reports_relaxation = True
 
     def __init__(
         self,

@@ -139,3 +139,12 @@ def test_strict_schema_that_would_be_relaxed_is_refused_naming_the_keywords(comp
         compiler.compile(JsonSchemaConstraint.from_schema(schema, strict=True))
     assert compiler.compile(to_constraint({"type": "integer"}, strict=True)).approximation is None
     assert compiler.compile(schema).approximation is not None  # without strict: relaxed
+
+
+def test_outputs_of_a_backend_that_relaxes_silently_are_always_checked(tokenizer: Any, get_backend: Any) -> None:
+    # xgrammar skips `not` without a word: the grammar's end proves nothing, so the check runs.
+    compiler = GrammarCompiler(tokenizer, backend="xgrammar", backends={"xgrammar": get_backend("xgrammar")})
+    compiled = compiler.compile({"type": "string", "enum": ["a"], "not": {"const": "a"}})
+    check = compiled.check('"a"', "stop", grammar_end=True)
+    assert (compiled.approximation, check.valid, check.checked) == (None, False, True)
+    compiler.close()
