@@ -12,7 +12,8 @@ the only writer of a request's ``output_ids`` and ``finish_reason``. In the engi
 - ``emit`` appends each token (stop ids, stop strings, grammar end, length) and sends an
   incremental ``RequestOutput`` to the request's callback;
 - ``finish`` ends a request for any reason: ``release`` (given by the engine) takes it
-  out of the scheduler, then the final output goes out. A request is finished once.
+  out of the scheduler, then the final output goes out, with a constrained output's
+  ``constraint_check`` (``CheckedGrammar.check``). A request is finished once.
 """
 
 from __future__ import annotations
