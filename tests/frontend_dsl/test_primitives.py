@@ -12,8 +12,8 @@ import pytest
 
 import grammars
 from frontend_dsl import GenerationError, ProgramDefinitionError, ProgramError, gen, program, select
-from frontend_dsl.output_constraint import OutputConstraint
 from frontend_dsl.fake_backend import FakeBackend, FakeRequest, default_logprob
+from frontend_dsl.output_constraint import OutputConstraint
 
 
 class City(pydantic.BaseModel):
