@@ -64,6 +64,9 @@ class GenChunk:
     finish_reason: str | None = None
     logprobs: list[float] | None = None  # per generated token, when asked for
     num_cached_tokens: int = 0  # prompt tokens the backend served from its prefix cache
+    # The backend's verdict on a constrained output (final chunk; the fields of
+    # ``runtime.ConstraintCheck``: relaxed, valid, checked, error); None if it gives none.
+    constraint_check: dict[str, Any] | None = None
 
 
 class Backend(ABC):

@@ -7,6 +7,7 @@ engine's radix cache matches branches on the exact ids they share with their par
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Sequence
@@ -66,8 +67,9 @@ class EngineBackend(Backend):
         ):
             if out.error is not None:
                 raise GenerationError(f"engine request failed: {out.error}")
+            check = dataclasses.asdict(out.constraint_check) if out.constraint_check is not None else None
             yield GenChunk(out.delta_text, list(out.delta_token_ids), out.text, list(out.token_ids),
-                           out.finish_reason, out.logprobs, out.num_cached_tokens)
+                           out.finish_reason, out.logprobs, out.num_cached_tokens, check)
 
     async def score(self, input_ids: list[int], start: int) -> list[float]:
         out = await self.engine.agenerate(input_ids=input_ids, sampling_params=scoring_params(start))

@@ -104,7 +104,8 @@ class Executor:
         data = self.streams[node.stream_id]
         prompt_len = len(data.ids)
         final = await self._generate(node.stream_id, data, spec)
-        value = parse_output(final.text, spec.params.constraint)
+        cut_at = spec.params.max_tokens if final.finish_reason == "length" else None
+        value = parse_output(final.text, spec.params.constraint, cut_at, final.constraint_check)
         data.set_variable(spec.name, value, _gen_meta(final, prompt_len))
         return value
 
@@ -195,4 +196,4 @@ def _gen_meta(final: GenChunk, prompt_len: int) -> dict[str, Any]:
     """``prompt_len``: the state's token count when the generation was sent."""
     return {"finish_reason": final.finish_reason, "num_output_tokens": len(final.token_ids),
             "num_cached_tokens": final.num_cached_tokens, "logprobs": final.logprobs,
-            "prompt_len": prompt_len}
+            "prompt_len": prompt_len, "constraint_check": final.constraint_check}

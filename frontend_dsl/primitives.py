@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+import grammars
 from frontend_dsl.backend import GenParams
 from frontend_dsl.errors import ProgramDefinitionError
 from frontend_dsl.output_constraint import make_constraint
@@ -74,7 +75,9 @@ def gen(
     regex: str | None = None,
     json_schema: Any = None,
     choices: Sequence[str] | None = None,
-    grammar: str | None = None,
+    grammar: str | grammars.GrammarConstraint | None = None,
+    strict: bool = False,
+    json_bounds: bool = True,
     return_logprob: bool = False,
     tools: Sequence[Tool] | None = None,
     tool_result_prefix: str = "\nObservation: ",
@@ -88,7 +91,18 @@ def gen(
             None means the backend's default.
         regex / json_schema / grammar: constrain the output (at most one). With
             ``json_schema`` (a dict or a pydantic model class) the variable holds the
-            validated object (a dict or a model instance).
+            validated object (a dict or a model instance). ``grammar`` is Lark text or a
+            shipped grammar (``grammars.load_grammar("json")``); its output is checked with
+            lark. An output cut by ``max_tokens`` before it is complete raises a
+            ``GenerationError`` that says so.
+        strict: with ``json_schema``, refuse a schema the engine could only enforce
+            relaxed (keywords such as ``not`` or ``if``/``then``; the error names them).
+            Without it such a schema generates under a relaxed grammar, the output is
+            validated against the full schema, and ``s.get_meta(name)["constraint_check"]``
+            says so.
+        json_bounds: with ``json_schema``, False lifts the bounds on number literals
+            (``grammars.JsonBounds``: 20 integer digits, 16 fraction digits, 3 exponent
+            digits by default).
         choices: makes this a ``select`` over ``choices``.
         return_logprob: also record per-token logprobs in ``s.get_meta(name)``.
         speculation: False turns speculative drafts off for this call (the output is the
@@ -113,7 +127,7 @@ def gen(
         top_k=top_k,
         min_p=min_p,
         seed=seed,
-        constraint=make_constraint(regex, json_schema, grammar),
+        constraint=make_constraint(regex, json_schema, grammar, strict, json_bounds),
         return_logprob=return_logprob,
         speculation=speculation,
     )

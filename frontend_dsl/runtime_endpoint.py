@@ -23,8 +23,9 @@ def wire_params(params: GenParams) -> NativeSamplingParams:
     for key in ("temperature", "top_p", "top_k", "min_p", "seed"):
         if getattr(params, key) is not None:
             fields[key] = getattr(params, key)
-    if params.constraint is not None:
-        fields["constraint"] = ConstraintSpec(**{params.constraint.kind: params.constraint.json_value()})
+    if (c := params.constraint) is not None:
+        fields["constraint"] = ConstraintSpec(**{c.kind: c.json_value()}, strict=c.strict,
+                                              json_bounds=c.json_bounds)
     return NativeSamplingParams(**fields)
 
 
@@ -55,9 +56,10 @@ class RuntimeEndpoint(Backend):
     async def generate(self, input_ids: list[int], params: GenParams) -> AsyncIterator[GenChunk]:
         async for c in self.client.generate_stream(input_ids, wire_params(params)):
             meta = c.meta
+            check = meta.constraint_check.model_dump() if meta and meta.constraint_check else None
             yield GenChunk(c.delta_text, c.delta_token_ids, c.text or "", c.output_ids or [],
                            c.finish_reason, meta.logprobs if meta else None,
-                           meta.cached_tokens if meta else 0)
+                           meta.cached_tokens if meta else 0, check)
 
     async def score(self, input_ids: list[int], start: int) -> list[float]:
         return await self.client.score(input_ids, start)

@@ -5,9 +5,11 @@ objects into token masks.
 """
 
 from grammars.constraints import (
+    DEFAULT_JSON_BOUNDS,
     ChoiceConstraint,
     Constraint,
     GrammarConstraint,
+    JsonBounds,
     JsonSchemaConstraint,
     RegexConstraint,
     TypeConstraint,
@@ -18,10 +20,12 @@ from grammars.normalize import to_constraint
 from grammars.validate import OutputMismatchError, is_valid_output, parse_output
 
 __all__ = [
+    "DEFAULT_JSON_BOUNDS",
     "ChoiceConstraint",
     "Constraint",
     "ConstraintError",
     "GrammarConstraint",
+    "JsonBounds",
     "JsonSchemaConstraint",
     "OutputMismatchError",
     "RegexConstraint",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import cached_property
 from typing import Any, ClassVar, Literal
 
@@ -41,6 +41,32 @@ class Constraint:
 
 
 @dataclass(frozen=True)
+class JsonBounds:
+    """Limits on JSON that no real data needs, enforced while generating (JSON Schema has
+    no words for them): digits of a number literal's integer part, fraction and exponent.
+
+    Without them a sampled ``{"type": "number"}`` can run one digit at a time until
+    ``max_new_tokens`` (seen at temperature 1 on the default model: 150 digits). The
+    defaults hold every IEEE double's shortest form and every 64-bit integer.
+    Insignificant whitespace needs no bound of its own: every backend generates JSON on one
+    line without free whitespace (``runtime.constrained.llguidance_backend.JSON_LAYOUT``).
+    """
+
+    max_int_digits: int = 20
+    max_frac_digits: int = 16
+    max_exp_digits: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("max_int_digits", "max_frac_digits", "max_exp_digits"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConstraintError(f"JsonBounds.{name} must be an integer >= 1, got {value!r}")
+
+
+DEFAULT_JSON_BOUNDS = JsonBounds()
+
+
+@dataclass(frozen=True)
 class JsonSchemaConstraint(Constraint):
     """The output is one JSON value valid under ``schema_json`` (a JSON schema, as text).
 
@@ -48,10 +74,19 @@ class JsonSchemaConstraint(Constraint):
     in the dict's own key order. NOTE: keys are not sorted on purpose: grammar engines
     emit properties in the schema's order, so two schemas that differ only in property
     order generate differently and must not share a cache key.
+
+    ``strict``: the grammar must enforce the whole schema. A schema whose keywords a
+    backend can only approximate (``not``, ``if``/``then``, ``oneOf`` read as ``anyOf``...)
+    is then refused when compiled, naming them; without ``strict`` it compiles to a relaxed
+    grammar (a superset) and each finished output is checked against the full schema.
+    ``bounds``: limits on number literals (``JsonBounds``); None generates numbers of any
+    length (and lets a schema's own ``x-guidance`` layout apply, on llguidance).
     """
 
     kind: ClassVar[str] = "json_schema"
     schema_json: str
+    strict: bool = False
+    bounds: JsonBounds | None = DEFAULT_JSON_BOUNDS
 
     def __post_init__(self) -> None:
         try:
@@ -62,16 +97,23 @@ class JsonSchemaConstraint(Constraint):
             raise ConstraintError(
                 f"invalid JSON schema: expected an object, got {type(schema).__name__}"
             )
+        if not isinstance(self.strict, bool):
+            raise ConstraintError(f"strict must be True or False, got {self.strict!r}")
+        if self.bounds is not None and not isinstance(self.bounds, JsonBounds):
+            raise ConstraintError(f"bounds must be JsonBounds or None, got {self.bounds!r}")
         check_json_schema(schema)
 
     @classmethod
-    def from_schema(cls, schema: dict[str, Any]) -> JsonSchemaConstraint:
+    def from_schema(
+        cls, schema: dict[str, Any], *, strict: bool = False,
+        bounds: JsonBounds | None = DEFAULT_JSON_BOUNDS,
+    ) -> JsonSchemaConstraint:
         """Canonicalise ``schema`` (a dict) and validate it."""
         try:
             text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
         except (TypeError, ValueError) as exc:
             raise ConstraintError(f"invalid JSON schema: not serialisable ({exc})") from None
-        return cls(text)
+        return cls(text, strict, bounds)
 
     @cached_property
     def schema(self) -> dict[str, Any]:
@@ -80,7 +122,10 @@ class JsonSchemaConstraint(Constraint):
         return schema
 
     def canonical_text(self) -> str:
-        return self.schema_json
+        if not self.strict and self.bounds == DEFAULT_JSON_BOUNDS:
+            return self.schema_json  # NOTE: the key of a plain schema is its text alone
+        bounds = None if self.bounds is None else asdict(self.bounds)
+        return json.dumps({"schema": self.schema_json, "strict": self.strict, "bounds": bounds})
 
 
 @dataclass(frozen=True)

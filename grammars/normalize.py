@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import typing
 from pathlib import Path
 from typing import Any
 
 from grammars.constraints import (
+    DEFAULT_JSON_BOUNDS,
     ChoiceConstraint,
     Constraint,
+    JsonBounds,
     JsonSchemaConstraint,
     TypeConstraint,
 )
@@ -20,7 +23,9 @@ from grammars.outlines_types import from_outlines, is_outlines_type
 _BUILTIN_TYPES: dict[type, str] = {int: "int", float: "float", bool: "bool", str: "str"}
 
 
-def to_constraint(obj: Any) -> Constraint:
+def to_constraint(
+    obj: Any, *, strict: bool = False, json_bounds: JsonBounds | None = DEFAULT_JSON_BOUNDS
+) -> Constraint:
     """Normalise anything Arbor accepts as a constraint into a Constraint object.
 
     Accepted: a Constraint (returned as is); a JSON schema dict; a pydantic model
@@ -32,13 +37,28 @@ def to_constraint(obj: Any) -> Constraint:
     A bare string is refused as ambiguous: wrap it in RegexConstraint(...) or
     GrammarConstraint(...), or use ``load_grammar(name)``.
 
+    ``strict`` and ``json_bounds`` set ``JsonSchemaConstraint.strict`` / ``.bounds`` of a
+    JSON schema given as a dict, a pydantic model or an outlines type (other constraints
+    are always exact and have no numbers to bound; a Constraint object keeps its own).
+
     Raises:
         ConstraintError: the value is invalid or of an unknown type.
     """
     if isinstance(obj, Constraint):
         return obj
     if isinstance(obj, dict):
-        return JsonSchemaConstraint.from_schema(obj)
+        return JsonSchemaConstraint.from_schema(obj, strict=strict, bounds=json_bounds)
+    if is_outlines_type(obj):
+        constraint = from_outlines(obj)
+        if isinstance(constraint, JsonSchemaConstraint) and (strict, json_bounds) != (False, DEFAULT_JSON_BOUNDS):
+            return dataclasses.replace(constraint, strict=strict, bounds=json_bounds)
+        return constraint
+    if isinstance(obj, type) and hasattr(obj, "model_json_schema"):  # pydantic model
+        return JsonSchemaConstraint.from_schema(_pydantic_schema(obj), strict=strict, bounds=json_bounds)
+    return _normalise(obj)
+
+
+def _normalise(obj: Any) -> Constraint:
     if isinstance(obj, list | tuple):
         return ChoiceConstraint(tuple(obj))
     if isinstance(obj, Path):
@@ -48,8 +68,6 @@ def to_constraint(obj: Any) -> Constraint:
             "a bare string is ambiguous as a constraint: use RegexConstraint(pattern), "
             "GrammarConstraint(lark_text) or load_grammar(name)"
         )
-    if is_outlines_type(obj):
-        return from_outlines(obj)
     return _from_python_type(obj)
 
 
@@ -60,16 +78,19 @@ def _from_python_type(obj: Any) -> Constraint:
         return ChoiceConstraint(tuple(typing.get_args(obj)))
     if isinstance(obj, type) and issubclass(obj, enum.Enum):
         return ChoiceConstraint(tuple(member.value for member in obj))
-    if isinstance(obj, type) and hasattr(obj, "model_json_schema"):  # pydantic model
-        schema = obj.model_json_schema()
-        if getattr(obj, "model_config", {}).get("extra") != "allow":
-            schema = close_objects(schema)
-        return JsonSchemaConstraint.from_schema(schema)
     raise ConstraintError(
         f"unknown constraint type {type(obj).__name__} ({obj!r:.80}); expected a JSON "
         "schema dict, pydantic model class, list of choices, int/float/bool/str, "
         "Literal[...], Enum, .lark Path, grammars constraint or outlines type"
     )
+
+
+def _pydantic_schema(model: Any) -> dict[str, Any]:
+    """A pydantic model class's JSON schema, closed unless it sets ``extra="allow"``."""
+    schema: dict[str, Any] = model.model_json_schema()
+    if getattr(model, "model_config", {}).get("extra") != "allow":
+        schema = close_objects(schema)
+    return schema
 
 
 def close_objects(schema: Any) -> Any:

@@ -69,10 +69,18 @@ def _parse_json(constraint: JsonSchemaConstraint, text: str) -> Any:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise OutputMismatchError(f"output is not JSON: {exc}") from None
-    cls = validator_for(constraint.schema, default=jsonschema.Draft202012Validator)
-    error = jsonschema.exceptions.best_match(cls(constraint.schema).iter_errors(value))
-    _require(error is None, constraint, text, error.message if error else "")
+    error = jsonschema.exceptions.best_match(_validator(constraint.schema_json).iter_errors(value))
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path)
+        _require(False, constraint, text, error.message + (f" (at {where})" if where else ""))
     return value
+
+
+@lru_cache(maxsize=64)
+def _validator(schema_json: str) -> Any:
+    """The jsonschema validator of a schema (built once: large schemas take milliseconds)."""
+    schema = json.loads(schema_json)
+    return validator_for(schema, default=jsonschema.Draft202012Validator)(schema)
 
 
 def _parse_lark(constraint: GrammarConstraint, text: str) -> None:

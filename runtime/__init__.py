@@ -15,7 +15,7 @@ from runtime.errors import (
     ModelLoadError,
     PromptTooLongError,
 )
-from runtime.outputs import RequestOutput
+from runtime.outputs import ConstraintCheck, RequestOutput
 from runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ArborError",
+    "ConstraintCheck",
     "Engine",
     "EngineClosedError",
     "EngineConfig",

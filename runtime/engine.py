@@ -26,7 +26,7 @@ from runtime.cache.page_pool import PagePool
 from runtime.cache.prefix_cache import PrefixCache
 from runtime.cache.radix_tree import RadixTree
 from runtime.config import EngineConfig
-from runtime.constrained import CompiledGrammar, GrammarCompiler
+from runtime.constrained import CheckedGrammar, GrammarCompiler
 from runtime.engine_core import EngineCore, StepHook
 from runtime.engine_setup import freeze_gc, load_engine_model
 from runtime.errors import InvalidRequestError, PromptTooLongError
@@ -90,7 +90,7 @@ class Engine:
                 self._grammar = GrammarCompiler(self.tokenizer, self.vocab_size, backend=backend)
             return self._grammar
 
-    def compile_constraint(self, constraint: Any) -> CompiledGrammar:
+    def compile_constraint(self, constraint: Any) -> CheckedGrammar:
         """Compile ``constraint`` now (cached). Raises ConstraintError if invalid or unsupported."""
         return self.grammar_compiler.compile(constraint)
 
@@ -129,7 +129,7 @@ class Engine:
         self._core.submit(Request(rid, ids, params), callback, self._start_grammar(params))
         return rid
 
-    def _start_grammar(self, params: SamplingParams) -> Future[CompiledGrammar] | None:
+    def _start_grammar(self, params: SamplingParams) -> Future[CheckedGrammar] | None:
         """Start compiling the request's constraint; invalid ones raise here, at once."""
         if params.constraint is None:
             return None
@@ -272,7 +272,8 @@ class Engine:
     # ---- introspection --------------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
         """Counters and gauges of the engine (exported by the server)."""
-        return self._core.metrics()
+        relaxed = self._grammar.num_relaxed if self._grammar is not None else 0
+        return {**self._core.metrics(), "constraint_relaxed_compilations": relaxed}
 
     def check_integrity(self) -> None:
         """Page-accounting invariants; call when the engine is idle."""

@@ -32,7 +32,7 @@ from concurrent.futures import Future
 
 import torch
 
-from runtime.constrained import CompiledGrammar
+from runtime.constrained import CheckedGrammar
 from runtime.errors import EngineClosedError
 from runtime.model.runner import ModelRunner
 from runtime.output.processor import OutputCallback, OutputProcessor
@@ -76,7 +76,7 @@ class EngineCore:
         # tracing). A hook must not change the batch; one that raises fails the batch.
         self.step_hooks: list[StepHook] = []
         self._inbox: list[tuple[str, Request | str]] = []  # ("add", req) | ("abort"/"grammar_ready", id)
-        self._pending: dict[str, Future[CompiledGrammar]] = {}  # request id -> grammar compiling
+        self._pending: dict[str, Future[CheckedGrammar]] = {}  # request id -> grammar compiling
         self._cv = threading.Condition()  # guards the inbox; notified on new work
         self._step_lock = threading.Lock()  # held while a step mutates engine state
         self._thread: threading.Thread | None = None
@@ -85,7 +85,7 @@ class EngineCore:
 
     # ---- submission (any thread) -----------------------------------------------------------
     def submit(self, request: Request, callback: OutputCallback | None,
-               grammar: Future[CompiledGrammar] | None) -> None:
+               grammar: Future[CheckedGrammar] | None) -> None:
         """Queue ``request``; one with a grammar still compiling waits for it outside the
         scheduler, so it never stalls the batch.
 
@@ -203,7 +203,7 @@ class EngineCore:
         if (exc := future.exception()) is not None:
             self.outputs.finish(req, "abort", error=str(exc))
             return
-        self.outputs.attach_matcher(rid, future.result().new_matcher())
+        self.outputs.attach_grammar(rid, future.result())
         self.scheduler.add(req)
         del self._pending[rid]  # NOTE: after add, so wait_idle never sees a gap
 
@@ -234,6 +234,8 @@ class EngineCore:
             "spec_draft_tokens": spec.draft_tokens, "spec_accepted_tokens": spec.accepted_tokens,
             "spec_forced_tokens": spec.forced_tokens, "spec_verify_rounds": spec.verify_rounds,
             "spec_acceptance_rate": spec.acceptance_rate,
+            "constraint_outputs_checked": self.outputs.checks.num_checked,
+            "constraint_outputs_invalid": self.outputs.checks.num_invalid,
         }
 
     def check_integrity(self) -> None:

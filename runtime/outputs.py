@@ -8,6 +8,23 @@ from typing import Literal
 FinishReason = Literal["stop", "length", "abort"]
 
 
+@dataclass(frozen=True)
+class ConstraintCheck:
+    """A finished constrained output measured against its whole constraint.
+
+    Set by the output processor on the final output of a request with a constraint that
+    finished by ``stop`` or ``length``. Only an output of a relaxed grammar, or one that
+    ended before its grammar did (a stop string or stop id), is actually checked
+    (``grammars.parse_output``: jsonschema for JSON, ``re`` for regexes, lark for
+    grammars); an exact grammar that reached its own end is valid by construction.
+    """
+
+    relaxed: str | None  # what the grammar did not enforce (the keywords); None: exact grammar
+    valid: bool | None  # satisfies the whole constraint; None: cut by max_new_tokens, not checked
+    checked: bool = False  # the output was parsed and checked (else valid by construction)
+    error: str | None = None  # why not, when valid is False
+
+
 @dataclass
 class RequestOutput:
     """The state of one request as seen by its caller.
@@ -29,6 +46,7 @@ class RequestOutput:
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
     error: str | None = None  # set when the request failed (e.g. grammar compile error)
+    constraint_check: ConstraintCheck | None = None  # final outputs of constrained requests
 
     @property
     def finished(self) -> bool:

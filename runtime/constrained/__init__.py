@@ -3,7 +3,7 @@
 Engine-facing surface::
 
     compiler = GrammarCompiler(hf_tokenizer, vocab_size)          # once per model
-    compiled = compiler.compile(params.constraint)                 # at submission
+    compiled = compiler.compile(params.constraint)                 # at submission (CheckedGrammar)
     matcher = compiled.new_matcher()                               # per request
     bitmask = allocate_token_bitmask(batch_size, vocab_size)
     matcher.fill_bitmask(bitmask, row)                             # per step, per row
@@ -18,6 +18,7 @@ from runtime.constrained.bitmask import (
     bitmask_width,
     unpack_bitmask,
 )
+from runtime.constrained.checked import CheckedGrammar
 from runtime.constrained.compiler import DEFAULT_TIMEOUT_S, GrammarCompiler
 from runtime.constrained.matcher import CompiledGrammar, GrammarBackend, GrammarMatcher
 from runtime.constrained.registry import (
@@ -31,6 +32,7 @@ __all__ = [
     "BACKENDS",
     "DEFAULT_BACKEND_BY_KIND",
     "DEFAULT_TIMEOUT_S",
+    "CheckedGrammar",
     "CompiledGrammar",
     "GrammarBackend",
     "GrammarCompiler",

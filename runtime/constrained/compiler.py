@@ -7,6 +7,10 @@ decoding). The clock starts when a pool thread picks the job up, not while it wa
 in the queue. Results, errors included, are cached by ``(backend name,
 constraint.key)``; a timed-out compile is not cached, so a later request tries again.
 
+Every result is a ``CheckedGrammar`` (the backend's grammar, the constraint, the JSON
+number bounds). A backend's relaxed grammar (``approximation`` set) is counted in
+``num_relaxed``, or refused when the constraint is ``strict``.
+
 NOTE: a thread cannot be killed: a timed-out compile keeps its worker until the library
 returns. llguidance and xgrammar bound their own work; outlines-core does not (hence
 it is never a default backend, see registry.py).
@@ -20,7 +24,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from grammars import Constraint, ConstraintError, to_constraint
+from grammars import Constraint, ConstraintError, JsonBounds, JsonSchemaConstraint, to_constraint
+from runtime.constrained.checked import CheckedGrammar
+from runtime.constrained.json_bounds import BoundsTable
 from runtime.constrained.matcher import CompiledGrammar, GrammarBackend
 from runtime.constrained.registry import backend_class, create_backend, default_backend_name
 
@@ -61,9 +67,11 @@ class GrammarCompiler:
         self.timeout_s = timeout_s
         self.max_cached = max_cached
         self._backends: dict[str, GrammarBackend] = dict(backends or {})
-        self._cache: OrderedDict[tuple[str, str], Future[CompiledGrammar]] = OrderedDict()
-        self._lock = threading.Lock()  # guards _cache
-        self._backend_lock = threading.Lock()  # guards _backends
+        self._cache: OrderedDict[tuple[str, str], Future[CheckedGrammar]] = OrderedDict()
+        self._lock = threading.Lock()  # guards _cache and num_relaxed
+        self._bounds: dict[JsonBounds, BoundsTable] = {}  # guarded by _backend_lock
+        self.num_relaxed = 0  # relaxed grammars compiled and served (cache hits not counted)
+        self._backend_lock = threading.Lock()  # guards _backends and _bounds
         self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="grammar-compile")
 
     def backend_name_for(self, constraint: Constraint) -> str:
@@ -77,7 +85,7 @@ class GrammarCompiler:
                 self._backends[name] = create_backend(name, self.hf_tokenizer, self.vocab_size)
             return self._backends[name]
 
-    def compile_async(self, constraint: Any) -> Future[CompiledGrammar]:
+    def compile_async(self, constraint: Any) -> Future[CheckedGrammar]:
         """Start (or reuse) the compilation of ``constraint``; never blocks on it.
 
         ``constraint`` is anything ``grammars.to_constraint`` accepts; normalising errors
@@ -99,7 +107,7 @@ class GrammarCompiler:
                 self._cache.popitem(last=False)
         return future
 
-    def compile(self, constraint: Any, timeout_s: float | None = None) -> CompiledGrammar:
+    def compile(self, constraint: Any, timeout_s: float | None = None) -> CheckedGrammar:
         """Compile and wait; raises ConstraintError (invalid, unsupported, timed out)."""
         future = self.compile_async(constraint)
         try:
@@ -111,14 +119,14 @@ class GrammarCompiler:
         """Stop the compile threads (running compilations finish in the background)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _start(self, cache_key: tuple[str, str], constraint: Constraint) -> Future[CompiledGrammar]:
+    def _start(self, cache_key: tuple[str, str], constraint: Constraint) -> Future[CheckedGrammar]:
         """Submit one compilation; the caller holds the lock."""
-        outer: Future[CompiledGrammar] = Future()
+        outer: Future[CheckedGrammar] = Future()
         self._pool.submit(self._run, cache_key, constraint, outer)
         return outer
 
     def _run(
-        self, cache_key: tuple[str, str], constraint: Constraint, outer: Future[CompiledGrammar]
+        self, cache_key: tuple[str, str], constraint: Constraint, outer: Future[CheckedGrammar]
     ) -> None:
         """Compile on a pool thread; the clock starts here, not while queued or while
         the backend's token tables are built (once per backend)."""
@@ -131,7 +139,7 @@ class GrammarCompiler:
         timer.daemon = True
         timer.start()
         try:
-            compiled = backend.compile(constraint)
+            compiled = self._checked(constraint, backend.compile(constraint), backend.reports_relaxation)
         except ConstraintError as exc:
             _try_set(outer, exception=exc)
         except Exception as exc:  # a library bug, not the user's constraint: same error type
@@ -141,7 +149,28 @@ class GrammarCompiler:
         finally:
             timer.cancel()
 
-    def _expire(self, cache_key: tuple[str, str], outer: Future[CompiledGrammar]) -> None:
+    def _checked(self, constraint: Constraint, compiled: CompiledGrammar, reports_relaxation: bool) -> CheckedGrammar:
+        """Refuse a relaxation of a strict constraint; attach bounds and the constraint.
+        NOTE: a backend that may relax silently gets every JSON output checked."""
+        schema = constraint if isinstance(constraint, JsonSchemaConstraint) else None
+        if compiled.approximation is not None:
+            if schema is not None and schema.strict:
+                raise ConstraintError(
+                    f"strict JSON schema refused: the grammar would be relaxed ({compiled.approximation}); "
+                    "without strict those keywords are ignored while generating and each output "
+                    "is checked against the full schema")
+            with self._lock:
+                self.num_relaxed += 1
+        bounds = self._bounds_table(schema.bounds) if schema is not None and schema.bounds else None
+        return CheckedGrammar(compiled, constraint, bounds, always_check=schema is not None and not reports_relaxation)
+
+    def _bounds_table(self, bounds: JsonBounds) -> BoundsTable:
+        with self._backend_lock:
+            if bounds not in self._bounds:
+                self._bounds[bounds] = BoundsTable(self.hf_tokenizer, self.vocab_size, bounds)
+            return self._bounds[bounds]
+
+    def _expire(self, cache_key: tuple[str, str], outer: Future[CheckedGrammar]) -> None:
         if _try_set(outer, exception=_timeout_error(self.timeout_s)):
             with self._lock:
                 if self._cache.get(cache_key) is outer:
@@ -153,8 +182,8 @@ def _timeout_error(timeout_s: float) -> ConstraintError:
 
 
 def _try_set(
-    future: Future[CompiledGrammar],
-    result: CompiledGrammar | None = None,
+    future: Future[CheckedGrammar],
+    result: CheckedGrammar | None = None,
     exception: BaseException | None = None,
 ) -> bool:
     """Resolve ``future`` unless already resolved (the timer and the job race)."""
@@ -168,7 +197,7 @@ def _try_set(
     return True
 
 
-def _failed(exc: ConstraintError) -> Future[CompiledGrammar]:
-    future: Future[CompiledGrammar] = Future()
+def _failed(exc: ConstraintError) -> Future[CheckedGrammar]:
+    future: Future[CheckedGrammar] = Future()
     future.set_exception(exc)
     return future

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -103,7 +104,7 @@ JSON_LAYOUT: JsonCompileOptions = {
     "key_separator": ": ",
 }
 # The relaxation for schemas with unimplemented features (see LLGuidanceBackend).
-RELAXED_JSON: JsonCompileOptions = {**JSON_LAYOUT, "lenient": True, "coerce_one_of": True}
+RELAXED_JSON: JsonCompileOptions = {"lenient": True, "coerce_one_of": True}
 
 # llguidance errors that mean "valid schema, feature not implemented" (not "invalid").
 _UNSUPPORTED_MARKERS = ("Unimplemented keys", "oneOf constraints are not supported", "Unknown format")
@@ -115,11 +116,13 @@ class LLGuidanceBackend(GrammarBackend):
     JSON schemas that use features llguidance does not implement (``not``,
     ``uniqueItems``, ``dependencies``, ``if``/``then``, ``oneOf``, unknown formats)
     compile to a relaxed grammar (those keywords ignored, ``oneOf`` as ``anyOf``) with
-    ``CompiledGrammar.approximation`` set, unless ``relax_unsupported_json`` is False;
-    the final output must then be checked (``grammars.parse_output``).
+    ``CompiledGrammar.approximation`` naming them all (from llguidance's warnings), unless
+    ``relax_unsupported_json`` is False; the final output must then be checked
+    (``grammars.parse_output``; the engine does, see ``CheckedGrammar``).
     """
 
     name = "llguidance"
+    reports_relaxation = True
 
     def __init__(
         self,
@@ -161,13 +164,11 @@ class LLGuidanceBackend(GrammarBackend):
         """
         if not any(marker in error for marker in _UNSUPPORTED_MARKERS):
             return None
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(
-            constraint.schema_json, overrides=RELAXED_JSON
-        )
-        template = self._matcher(grammar)
+        template = self._matcher(_json_grammar(constraint, RELAXED_JSON))
         if template.is_error():
             return None
-        return LLGuidanceGrammar(template, self.eos_token_id, approximation=error)
+        warnings = template.get_grammar_warnings() or [error]
+        return LLGuidanceGrammar(template, self.eos_token_id, approximation=describe_relaxation(warnings))
 
     def fill_bitmasks(
         self, entries: Sequence[tuple[GrammarMatcher, int]], bitmask: torch.Tensor
@@ -181,16 +182,43 @@ class LLGuidanceBackend(GrammarBackend):
 
 def _grammar_text(constraint: Constraint) -> str:
     if isinstance(constraint, JsonSchemaConstraint):
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(
-            constraint.schema_json, overrides=JSON_LAYOUT
-        )
-        return str(grammar)
+        return _json_grammar(constraint, {})
     if isinstance(constraint, GrammarConstraint):
         return str(llguidance.LLMatcher.grammar_from_lark(constraint.lark_text))
     regex = regex_of(constraint)
     if regex is None:
         raise ConstraintError(f"llguidance backend does not support {constraint.kind}")
     return str(llguidance.LLMatcher.grammar_from_regex(regex))
+
+
+def _json_grammar(constraint: JsonSchemaConstraint, extra: JsonCompileOptions) -> str:
+    """The schema's grammar in ``JSON_LAYOUT``. NOTE: llguidance applies defaults, then the
+    schema's own ``x-guidance``, then overrides: with bounds (the default) the layout wins;
+    a schema without bounds may choose its own layout (free whitespace included)."""
+    if constraint.bounds is None:
+        layout = {"defaults": JSON_LAYOUT, "overrides": extra}
+    else:
+        layout = {"overrides": {**JSON_LAYOUT, **extra}}
+    return str(llguidance.LLMatcher.grammar_from_json_schema(constraint.schema_json, **layout))
+
+
+_UNIMPLEMENTED = re.compile(r"Unimplemented keys: \[(.*)\]")
+
+
+def describe_relaxation(warnings: list[str]) -> str:
+    """One line naming what a relaxed grammar does not enforce, from llguidance's warnings
+    (``Unimplemented keys: ["not"]``, ``oneOf not fully supported...``, ``Unknown format: x``)."""
+    names: list[str] = []
+    for warning in warnings:
+        if (keys := _UNIMPLEMENTED.search(warning)) is not None:
+            names += [k.strip().strip('"') for k in keys.group(1).split(",")]
+        elif warning.startswith("oneOf"):
+            names.append("oneOf (read as anyOf)")
+        elif warning.startswith("Unknown format: "):
+            names.append(f"format {warning.removeprefix('Unknown format: ').strip()!r}")
+        else:
+            names.append(warning)
+    return "keywords not enforced: " + ", ".join(dict.fromkeys(names))
 
 
 def _short(matcher: llguidance.LLMatcher) -> str:

@@ -88,6 +88,11 @@ class GrammarBackend(ABC):
     """One grammar library bound to one tokenizer; compiles constraints."""
 
     name: str = "abstract"
+    # True when a JSON grammar that admits more than its schema always says so in
+    # ``CompiledGrammar.approximation``. xgrammar and outlines-core silently skip keywords
+    # they do not implement (``not``, ``uniqueItems``...), so their JSON outputs are
+    # always checked against the schema (``CheckedGrammar``).
+    reports_relaxation: bool = False
 
     def __init__(self, vocab_size: int, eos_token_id: int) -> None:
         self.vocab_size = vocab_size  # logits width; bitmask rows hold ceil(vocab_size / 32)

@@ -12,7 +12,8 @@ the only writer of a request's ``output_ids`` and ``finish_reason``. In the engi
 - ``emit`` appends each token (stop ids, stop strings, grammar end, length) and sends an
   incremental ``RequestOutput`` to the request's callback;
 - ``finish`` ends a request for any reason: ``release`` (given by the engine) takes it
-  out of the scheduler, then the final output goes out. A request is finished once.
+  out of the scheduler, then the final output goes out, with a constrained output's
+  ``constraint_check`` (``CheckedGrammar.check``). A request is finished once.
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from runtime.constrained import GrammarMatcher
+from runtime.constrained import CheckedGrammar, GrammarMatcher
+from runtime.constrained.checked import CheckStats
 from runtime.constrained.masking import mask_logits
 from runtime.errors import InvalidRequestError
 from runtime.model.runner import ForwardOutput
 from runtime.output.detokenizer import IncrementalDetokenizer
-from runtime.outputs import FinishReason, RequestOutput
+from runtime.outputs import ConstraintCheck, FinishReason, RequestOutput
 from runtime.request import Request
 from runtime.sampling.sampler import sample
 from runtime.sampling_params import SamplingParams
@@ -54,6 +56,7 @@ class TrackedRequest:
     prompt_logprobs: list[float | None] = field(default_factory=list)  # per prompt token
     emitted_tokens: int = 0
     matcher: GrammarMatcher | None = None  # attached once the constraint is compiled
+    grammar: CheckedGrammar | None = None  # the matcher's grammar: checks the final output
     spec: SpecStats = field(default_factory=SpecStats)
     drafts_from_lookup: bool = False  # this step's drafts came from prompt lookup
     prompt_text: str | None = None  # decoded once, for text-level prompt lookup
@@ -107,6 +110,7 @@ class OutputProcessor:
         self._lock = threading.Lock()  # registration races with finishing on the engine thread
         self.proposer = DraftProposer(tokenizer)
         self.spec = SpecStats()  # speculation counters over all requests
+        self.checks = CheckStats()  # final outputs checked against their whole constraint
         self.num_finished = 0
 
     # ---- registration (any thread) -------------------------------------------------------
@@ -128,6 +132,11 @@ class OutputProcessor:
     def attach_matcher(self, request_id: str, matcher: GrammarMatcher) -> None:
         """Constrain a tracked request (before it is scheduled)."""
         self._tracked[request_id].matcher = matcher
+
+    def attach_grammar(self, request_id: str, grammar: CheckedGrammar) -> None:
+        """Constrain a tracked request by ``grammar``, which also checks its final output."""
+        self.attach_matcher(request_id, grammar.new_matcher())
+        self._tracked[request_id].grammar = grammar
 
     def get(self, request_id: str) -> Request | None:
         """The tracked (unfinished) request with this id, if any."""
@@ -292,9 +301,20 @@ class OutputProcessor:
         if reason != "stop" or not t.detok.stopped:
             t.detok.finish(req.output_ids)
         self.num_finished += 1
-        self._emit(t, error=error)
+        self._emit(t, error=error, check=self._check(t, reason))
 
-    def _emit(self, t: TrackedRequest, error: str | None = None) -> None:
+    def _check(self, t: TrackedRequest, reason: FinishReason) -> ConstraintCheck | None:
+        """The final output against its whole constraint (``CheckedGrammar.check``)."""
+        if t.grammar is None or t.matcher is None or reason == "abort":
+            return None
+        # NOTE: a stop string or stop id cuts the text short of what the matcher consumed.
+        grammar_end = (reason == "stop" and t.matcher.is_terminated() and not t.detok.stopped
+                       and not t.request.params.stop_token_ids)
+        check = t.grammar.check(t.detok.text, reason, grammar_end)
+        self.checks.count(check)
+        return check
+
+    def _emit(self, t: TrackedRequest, error: str | None = None, check: ConstraintCheck | None = None) -> None:
         req = t.request
         final = req.finish_reason is not None
         delta = t.detok.take(final)
@@ -311,6 +331,7 @@ class OutputProcessor:
             delta_text=delta,
             delta_token_ids=req.output_ids[t.emitted_tokens :],
             error=error,
+            constraint_check=check,
         )
         t.emitted_tokens = len(req.output_ids)
         if t.callback is not None:

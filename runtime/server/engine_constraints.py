@@ -1,10 +1,11 @@
 """Engine constraints (``SamplingParams.constraint``) from what a client sent: a native
 ``constraint`` object (``protocol.ConstraintSpec``) or an OpenAI ``response_format`` /
 forced tool-call schema. The result is a ``grammars`` constraint object, validated before
-the engine sees it.
+the engine sees it; ``check_info`` carries the engine's verdict on the output back.
 
 An invalid schema, regex or grammar raises ``grammars.ConstraintError`` here (HTTP 400),
-so a bad constraint never takes an engine slot.
+so a bad constraint never takes an engine slot; so does a compilation the engine refuses
+(a strict schema the grammar could only relax), awaited before admission (``serving``).
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 import grammars
-from runtime.server.protocol import ConstraintSpec
+from runtime.outputs import ConstraintCheck
+from runtime.server.protocol import ConstraintCheckInfo, ConstraintSpec
 
 
 def from_spec(spec: ConstraintSpec) -> Any:
     """The ``SamplingParams.constraint`` for a native ``constraint`` object."""
     if spec.json_schema is not None:
-        return json_schema(spec.json_schema)
+        return json_schema(spec.json_schema, strict=spec.strict, json_bounds=spec.json_bounds)
     if spec.regex is not None:
         return grammars.RegexConstraint(spec.regex)
     if spec.choices is not None:
@@ -29,20 +31,21 @@ def from_spec(spec: ConstraintSpec) -> Any:
     return grammars.TypeConstraint(spec.type)
 
 
-# NOTE: a stopgap until ``grammars`` has a whitespace option of its own: llguidance reads
-# this key (other backends ignore it) and then allows no free whitespace between JSON
-# tokens. Without it a weak model can fill max_tokens with newlines inside the object and
-# the client gets truncated JSON, which OpenAI-style structured outputs never return.
-COMPACT_WHITESPACE = {"x-guidance": {"whitespace_flexible": False}}
-
-
-def json_schema(schema: dict[str, Any], compact: bool = False) -> Any:
+def json_schema(schema: dict[str, Any], strict: bool = False, json_bounds: bool = True) -> Any:
     """A JSON-schema constraint (``{"type": "object"}`` for "any object").
 
     Args:
         schema: the JSON schema; invalid ones raise ``grammars.ConstraintError``.
-        compact: forbid free whitespace (unless the schema sets its own ``x-guidance``).
+        strict: refuse a schema the grammar could only relax (at compilation).
+        json_bounds: bound number literals (``grammars.JsonBounds``); False lifts them.
     """
-    if compact and "x-guidance" not in schema:
-        schema = {**schema, **COMPACT_WHITESPACE}
-    return grammars.to_constraint(schema)
+    bounds = grammars.DEFAULT_JSON_BOUNDS if json_bounds else None
+    return grammars.to_constraint(schema, strict=strict, json_bounds=bounds)
+
+
+def check_info(check: ConstraintCheck | None) -> ConstraintCheckInfo | None:
+    """The wire form of ``RequestOutput.constraint_check``."""
+    if check is None:
+        return None
+    return ConstraintCheckInfo(relaxed=check.relaxed, valid=check.valid, checked=check.checked,
+                               error=check.error)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
@@ -53,7 +53,7 @@ class _EngineCollector(Collector):
     def describe(self) -> list[Any]:
         return []  # collected lazily; nothing to describe at registration
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         m = _read(self.engine_metrics)
         total = m.get("kv_pages_total", 0.0)
         drafted = m.get("spec_draft_tokens", 0.0)
@@ -81,6 +81,26 @@ class _EngineCollector(Collector):
         for name, (doc, value) in gauges.items():
             if value is not None:
                 yield GaugeMetricFamily(name, doc, value=float(value))
+        yield from _constraint_counters(m)
+
+
+def _constraint_counters(m: dict[str, float]) -> Iterator[CounterMetricFamily]:
+    """Relaxed grammars and checked outputs (``runtime.ConstraintCheck``), as counters
+    (exposed with the ``_total`` suffix)."""
+    counters = {
+        "arbor_constraint_relaxed_compilations": (
+            "JSON schemas compiled to a relaxed grammar (keywords the grammar cannot enforce)",
+            m.get("constraint_relaxed_compilations")),
+        "arbor_constraint_outputs_checked": (
+            "Finished constrained outputs parsed and checked against their whole constraint",
+            m.get("constraint_outputs_checked")),
+        "arbor_constraint_outputs_invalid": (
+            "Finished constrained outputs that failed their whole constraint",
+            m.get("constraint_outputs_invalid")),
+    }
+    for name, (doc, value) in counters.items():
+        if value is not None:
+            yield CounterMetricFamily(name, doc, value=float(value))
 
 
 def _read(engine_metrics: Callable[[], dict[str, float]]) -> dict[str, float]:

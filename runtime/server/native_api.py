@@ -134,4 +134,5 @@ def _meta(out: RequestOutput, stream: EngineStream) -> GenerateMeta:
     return GenerateMeta(request_id=out.request_id, prompt_tokens=len(out.prompt_token_ids),
                         completion_tokens=len(out.token_ids), cached_tokens=out.num_cached_tokens,
                         e2e_latency=time.monotonic() - stream.started, logprobs=out.logprobs,
-                        top_logprobs=top, prompt_logprobs=out.prompt_logprobs)
+                        top_logprobs=top, prompt_logprobs=out.prompt_logprobs,
+                        constraint_check=engine_constraints.check_info(out.constraint_check))

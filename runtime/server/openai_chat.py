@@ -1,8 +1,8 @@
 """``/v1/chat/completions``: the chat template, response_format, tools and tool_choice.
 
 Forced tool calls (``tool_choice`` "required" or a named function) and ``response_format``
-become a JSON-schema constraint without free whitespace
-(``engine_constraints.COMPACT_WHITESPACE``).
+become a JSON-schema constraint (strict when the format or a forced function says so); each
+final choice says how its output fared against that schema (``constraint_check``).
 ``tool_choice="auto"`` describes the tools in the system message and returns a tool call
 when the model's whole answer is one (``{"name": ..., "arguments": {...}}``).
 """
@@ -60,8 +60,10 @@ class ChatEndpoint(Endpoint):
             raise InvalidRequestError("response_format cannot be combined with a forced tool call")
         if body.top_logprobs and not body.logprobs:
             raise InvalidRequestError("top_logprobs needs logprobs=true")
-        constraint = (engine_constraints.json_schema(tool_call_schema(self.forced), compact=True) if self.forced
-                      else response_constraint(body.response_format))
+        constraint = (engine_constraints.json_schema(tool_call_schema(self.forced),
+                                                     strict=any(t.function.strict for t in self.forced),
+                                                     json_bounds=body.json_bounds) if self.forced
+                      else response_constraint(body.response_format, body.json_bounds))
         text = render_chat(ctx.engine, body.messages, self.tools, body.add_generation_prompt)
         self.prompt_ids = encode_prompt(ctx.engine, text)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
@@ -93,7 +95,8 @@ class ChatEndpoint(Endpoint):
         message = (ChatMessageOut(content=None, tool_calls=[call]) if call is not None
                    else ChatMessageOut(content=out.text))
         return ChatChoice(index=index, message=message, finish_reason=self._finish(out, call),
-                          logprobs=self._logprobs(out.token_ids, out))
+                          logprobs=self._logprobs(out.token_ids, out),
+                          constraint_check=engine_constraints.check_info(out.constraint_check))
 
     def _tool_call(self, text: str) -> ToolCallOut | None:
         if not self.tools:
@@ -120,12 +123,14 @@ class ChatEndpoint(Endpoint):
             delta = ChatDelta(content=out.text if self.tools else out.delta_text)
         token_ids = out.token_ids if self.tools else out.delta_token_ids
         payloads.append(self._chunk(index, delta, self._finish(out, call) if out.finished else None,
-                                    self._logprobs(token_ids, out)))
+                                    self._logprobs(token_ids, out), out))
         return payloads
 
     def _chunk(self, index: int, delta: ChatDelta, finish: str | None = None,
-               logprobs: ChoiceLogprobs | None = None) -> dict[str, Any]:
-        choice = ChatChunkChoice(index=index, delta=delta, finish_reason=finish, logprobs=logprobs)
+               logprobs: ChoiceLogprobs | None = None, out: RequestOutput | None = None) -> dict[str, Any]:
+        check = engine_constraints.check_info(out.constraint_check) if out is not None else None
+        choice = ChatChunkChoice(index=index, delta=delta, finish_reason=finish, logprobs=logprobs,
+                                 constraint_check=check)
         chunk = ChatCompletionChunk(id=self.id, model=self.model, choices=[choice])
         data = chunk.model_dump(exclude_none=True)
         data["choices"][0]["finish_reason"] = finish  # present (null) on every chunk, as OpenAI does

@@ -149,13 +149,16 @@ def usage(prompt_lens: list[int], finals: list[RequestOutput]) -> Usage:
                  prompt_tokens_details={"cached_tokens": cached})
 
 
-def response_constraint(fmt: ResponseFormat | None) -> Any:
+def response_constraint(fmt: ResponseFormat | None, json_bounds: bool = True) -> Any:
+    """The constraint of a ``response_format``; ``json_schema.strict`` refuses a schema the
+    grammar could only relax (400 at submission)."""
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":
-        return engine_constraints.json_schema({"type": "object"}, compact=True)
+        return engine_constraints.json_schema({"type": "object"}, json_bounds=json_bounds)
     assert fmt.json_schema is not None
-    return engine_constraints.json_schema(fmt.json_schema.schema_, compact=True)
+    return engine_constraints.json_schema(fmt.json_schema.schema_, strict=bool(fmt.json_schema.strict),
+                                          json_bounds=json_bounds)
 
 
 def token_text(tokenizer: Any, token_id: int) -> str:

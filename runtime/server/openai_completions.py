@@ -8,6 +8,7 @@ from fastapi import Request
 
 from runtime.errors import InvalidRequestError
 from runtime.outputs import RequestOutput
+from runtime.server.engine_constraints import check_info
 from runtime.server.openai_common import Endpoint, Job, response_constraint, token_text, usage
 from runtime.server.protocol import (
     CompletionChoice,
@@ -28,7 +29,7 @@ class CompletionEndpoint(Endpoint):
         if body.echo or (body.best_of or 1) > 1 or body.suffix:
             raise InvalidRequestError("echo, best_of and suffix are not supported")
         self.prompts = self._prompt_ids(body.prompt)
-        constraint = response_constraint(body.response_format)
+        constraint = response_constraint(body.response_format, body.json_bounds)
         k = body.logprobs or 0
         self.jobs: list[Job] = [
             (ids, self.params(len(ids), i * body.n + j, body.max_tokens, constraint,
@@ -50,14 +51,16 @@ class CompletionEndpoint(Endpoint):
             return await self.stream(self.jobs)
         finals = await self.finals(request, self.jobs)
         choices = [CompletionChoice(index=i, text=o.text, finish_reason=o.finish_reason,
-                                    logprobs=self._logprobs(o.token_ids, o))
+                                    logprobs=self._logprobs(o.token_ids, o),
+                                    constraint_check=check_info(o.constraint_check))
                    for i, o in enumerate(finals)]
         return CompletionResponse(id=self.id, model=self.model, choices=choices,
                                   usage=usage([len(p) for p in self.prompts], finals))
 
     def chunks(self, index: int, out: RequestOutput) -> list[dict[str, Any]]:
         choice = CompletionChoice(index=index, text=out.delta_text, finish_reason=out.finish_reason,
-                                  logprobs=self._logprobs(out.delta_token_ids, out))
+                                  logprobs=self._logprobs(out.delta_token_ids, out),
+                                  constraint_check=check_info(out.constraint_check))
         chunk = CompletionResponse(id=self.id, model=self.model, choices=[choice])
         return [chunk.model_dump(exclude_none=True)]
 

@@ -30,13 +30,19 @@ class Lenient(BaseModel):
 
 
 class ConstraintSpec(Strict):
-    """Exactly one of: a JSON schema, a regex, a list of choices, a Lark grammar, a type."""
+    """Exactly one of: a JSON schema, a regex, a list of choices, a Lark grammar, a type.
+
+    For a JSON schema, ``strict`` refuses (400) a schema the grammar could only relax,
+    and ``json_bounds: false`` lifts the bounds on number literals (``grammars.JsonBounds``).
+    """
 
     json_schema: dict[str, Any] | None = None
     regex: str | None = None
     choices: list[str] | None = None
     grammar: str | None = None  # Lark grammar text
     type: Literal["int", "float", "bool", "str"] | None = None
+    strict: bool = False
+    json_bounds: bool = True
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ConstraintSpec:
@@ -85,6 +91,16 @@ class GenerateRequest(Strict):
         return self
 
 
+class ConstraintCheckInfo(BaseModel):
+    """Arbor's own field, on the final output of a constrained request
+    (``runtime.ConstraintCheck``): was the output measured against the whole constraint?"""
+
+    relaxed: str | None  # what the grammar did not enforce (the keywords); null: exact grammar
+    valid: bool | None  # satisfies the whole constraint; null: cut by the length cap
+    checked: bool  # parsed and checked (jsonschema...); false: valid by construction
+    error: str | None = None  # why not, when valid is false
+
+
 class GenerateMeta(BaseModel):
     request_id: str
     prompt_tokens: int
@@ -94,6 +110,7 @@ class GenerateMeta(BaseModel):
     logprobs: list[float] | None = None
     top_logprobs: list[dict[str, float]] | None = None  # token id (as a string) → logprob
     prompt_logprobs: list[float | None] | None = None
+    constraint_check: ConstraintCheckInfo | None = None
 
 
 class GenerateResponse(BaseModel):
@@ -197,6 +214,7 @@ class SamplingExtras(Lenient):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     timeout: float | None = Field(default=None, gt=0)
+    json_bounds: bool = True  # false: no bounds on number literals in JSON outputs
 
 
 class JsonSchemaFormat(Lenient):
@@ -230,6 +248,7 @@ class CompletionRequest(SamplingExtras):
 class FunctionDef(Lenient):
     name: str
     description: str | None = None
+    strict: bool | None = None  # a forced call refuses parameters the grammar could only relax
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
 
 
@@ -302,6 +321,7 @@ class CompletionChoice(BaseModel):
     text: str
     finish_reason: str | None
     logprobs: CompletionLogprobs | None = None
+    constraint_check: ConstraintCheckInfo | None = None  # extension: constrained, final
 
 
 class CompletionResponse(BaseModel):
@@ -338,6 +358,7 @@ class ChatChoice(BaseModel):
     message: ChatMessageOut
     finish_reason: str | None
     logprobs: ChoiceLogprobs | None = None
+    constraint_check: ConstraintCheckInfo | None = None  # extension: constrained requests
 
 
 class ChatCompletionResponse(BaseModel):
@@ -367,6 +388,7 @@ class ChatChunkChoice(BaseModel):
     delta: ChatDelta
     finish_reason: str | None = None
     logprobs: ChoiceLogprobs | None = None
+    constraint_check: ConstraintCheckInfo | None = None  # extension: on the final chunk
 
 
 class ChatCompletionChunk(BaseModel):

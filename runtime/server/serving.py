@@ -101,7 +101,13 @@ class StreamGroup:
         self.admitted = False
 
     async def open(self) -> list[EngineStream]:
-        """Admit and submit every request; on any failure nothing stays submitted."""
+        """Compile the constraints, then admit and submit every request; on any failure
+        nothing stays submitted. NOTE: compiling first makes a refused constraint (a strict
+        schema the grammar could only relax, a regex the backend rejects) a 400 before
+        anything is admitted, not a failed generation."""
+        constraints = {id(c): c for s in self.streams if (c := s.params.constraint) is not None}
+        for constraint in constraints.values():
+            await asyncio.wrap_future(self.ctx.engine.grammar_compiler.compile_async(constraint))
         self.ctx.gate.admit()
         self.admitted = True
         try:

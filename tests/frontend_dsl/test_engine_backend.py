@@ -246,3 +246,53 @@ def test_body_exception_aborts_requests_in_flight(engine: Any) -> None:
         time.sleep(0.05)
     assert engine.metrics()["num_aborts"] > aborts_before
     assert engine.metrics()["num_running"] == 0
+
+
+RELAXED_VALID = {"const": "b", "not": {"const": "a"}}
+RELAXED_INVALID = {"type": "string", "enum": ["a"], "not": {"const": "a"}}
+
+
+def test_relaxed_schema_output_is_validated_and_flagged(tiny_engine: Any) -> None:
+    @program
+    def pick(s: Any, schema: dict[str, Any]) -> None:
+        s += "Output:" + gen("v", json_schema=schema, max_tokens=8)
+
+    state = pick.run(tiny_engine, schema=RELAXED_VALID)
+    assert state["v"] == "b"
+    assert state.get_meta("v")["constraint_check"] == {
+        "relaxed": "keywords not enforced: not", "valid": True, "checked": True, "error": None}
+    with pytest.raises(ProgramError, match=r"relaxed grammar: keywords not enforced: not") as info:
+        pick.run(tiny_engine, schema=RELAXED_INVALID)
+    assert isinstance(info.value.__cause__, GenerationError)
+
+
+def test_strict_schema_that_would_be_relaxed_is_refused(tiny_engine: Any) -> None:
+    @program
+    def pick(s: Any) -> None:
+        s += "Output:" + gen("v", json_schema=RELAXED_VALID, strict=True, max_tokens=8)
+
+    with pytest.raises(ProgramError, match=r"strict JSON schema refused.*not"):
+        pick.run(tiny_engine)
+
+
+def test_grammar_text_on_the_engine_gives_a_lark_checked_sentence(tiny_engine: Any) -> None:
+    import grammars
+
+    lark_text = 'start: NUMBER ("+" NUMBER)*\nNUMBER: /[1-9]/\n'
+
+    @program
+    def calc(s: Any) -> None:
+        s += "Sum:" + gen("expr", grammar=lark_text, max_tokens=5, temperature=0)
+
+    expr = calc.run(tiny_engine)["expr"]
+    assert grammars.is_valid_output(grammars.GrammarConstraint(lark_text), expr)
+
+
+def test_json_cut_by_max_tokens_says_so_on_the_engine(tiny_engine: Any) -> None:
+    @program
+    def extract(s: Any) -> None:
+        s += "Output:" + gen("obj", json_schema={"type": "object", "properties": {"name": {"type": "string"}},
+                                     "required": ["name"]}, max_tokens=3, temperature=0)
+
+    with pytest.raises(ProgramError, match=r"cut at max_tokens=3 before the JSON value was complete"):
+        extract.run(tiny_engine)

@@ -10,8 +10,10 @@ from typing import Any
 import pydantic
 import pytest
 
+import grammars
 from frontend_dsl import GenerationError, ProgramDefinitionError, ProgramError, gen, program, select
 from frontend_dsl.fake_backend import FakeBackend, FakeRequest, default_logprob
+from frontend_dsl.output_constraint import OutputConstraint
 
 
 class City(pydantic.BaseModel):
@@ -112,6 +114,46 @@ def test_regex_must_match_in_full(make_fake: Callable[..., FakeBackend]) -> None
     assert p.run(make_fake(lambda r: "42"))["n"] == "42"
     with pytest.raises(ProgramError, match="does not match regex"):
         p.run(make_fake(lambda r: "forty-two"))
+
+
+ARITHMETIC = 'start: NUMBER ("+" NUMBER)*\nNUMBER: /[0-9]+/\n'
+
+
+@pytest.mark.parametrize("grammar", [ARITHMETIC, grammars.load_grammar("arithmetic")], ids=["lark-text", "shipped"])
+def test_grammar_output_is_checked_with_lark(make_fake: Callable[..., FakeBackend], grammar: Any) -> None:
+    @program
+    def p(s: Any) -> None:
+        s += gen("expr", grammar=grammar)
+
+    assert p.run(make_fake(lambda r: "1+2+30"))["expr"] == "1+2+30"
+    with pytest.raises(ProgramError, match="does not match grammar") as info:
+        p.run(make_fake(lambda r: "1+"))
+    assert isinstance(info.value.__cause__, GenerationError)
+
+
+def test_grammar_text_is_validated_when_the_program_is_written() -> None:
+    with pytest.raises(ProgramDefinitionError, match="invalid grammar.*line 1 column 13"):
+        gen("x", grammar='start: "a" (')
+    with pytest.raises(ProgramDefinitionError, match="Lark text or a grammars.GrammarConstraint"):
+        gen("x", grammar=42)  # type: ignore[arg-type]
+
+
+def test_json_cut_at_max_tokens_says_so(make_fake: Callable[..., FakeBackend]) -> None:
+    @program
+    def p(s: Any) -> None:
+        s += gen("obj", json_schema={"type": "object"}, max_tokens=4)
+
+    with pytest.raises(ProgramError, match=r"cut at max_tokens=4 before the JSON value was complete"):
+        p.run(make_fake(lambda r: '{"name": "a very long value"}'))
+
+
+def test_strict_and_json_bounds_belong_to_json_schema() -> None:
+    assert gen("x", json_schema={"type": "integer"}, strict=True, json_bounds=False).params.constraint \
+        == OutputConstraint("json_schema", {"type": "integer"}, strict=True, json_bounds=False)
+    with pytest.raises(ProgramDefinitionError, match="apply to json_schema= only"):
+        gen("x", regex="a", strict=True)
+    with pytest.raises(ProgramDefinitionError, match="apply to json_schema= only"):
+        gen("x", json_bounds=False)
 
 
 def test_bad_primitive_arguments_fail_early() -> None:

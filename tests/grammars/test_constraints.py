@@ -10,9 +10,11 @@ import pydantic
 import pytest
 
 from grammars import (
+    DEFAULT_JSON_BOUNDS,
     ChoiceConstraint,
     ConstraintError,
     GrammarConstraint,
+    JsonBounds,
     JsonSchemaConstraint,
     RegexConstraint,
     TypeConstraint,
@@ -240,3 +242,27 @@ def test_constraints_are_frozen_and_hashable() -> None:
     with pytest.raises(AttributeError):
         regex.pattern = "b"  # type: ignore[misc]
     assert len({regex, RegexConstraint("a+"), to_constraint(PERSON)}) == 2
+
+
+def test_json_schemas_are_bounded_and_not_strict_by_default() -> None:
+    plain = to_constraint(PERSON)
+    assert isinstance(plain, JsonSchemaConstraint)
+    assert (plain.strict, plain.bounds) == (False, DEFAULT_JSON_BOUNDS)
+    assert JsonBounds(max_int_digits=20, max_frac_digits=16, max_exp_digits=3) == DEFAULT_JSON_BOUNDS
+
+
+def test_strict_and_bounds_options_reach_dicts_and_models_and_change_the_key() -> None:
+    plain = to_constraint(PERSON)
+    strict = to_constraint(PERSON, strict=True)
+    unbounded = to_constraint(Person, json_bounds=None)
+    assert isinstance(strict, JsonSchemaConstraint) and strict.strict
+    assert isinstance(unbounded, JsonSchemaConstraint) and unbounded.bounds is None
+    assert len({plain.key, strict.key, to_constraint(PERSON, json_bounds=None).key}) == 3
+    assert to_constraint(strict) is strict  # an object keeps its own options
+    assert to_constraint(int, strict=True) == TypeConstraint("int")
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True])
+def test_json_bounds_must_be_positive_integers(bad: object) -> None:
+    with pytest.raises(ConstraintError, match="max_frac_digits must be an integer >= 1"):
+        JsonBounds(max_frac_digits=bad)  # type: ignore[arg-type]

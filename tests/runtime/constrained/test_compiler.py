@@ -63,7 +63,7 @@ def test_forced_backend_is_used_for_every_kind(tokenizer: Any, get_backend: Any)
         tokenizer, backend="xgrammar", backends={"xgrammar": get_backend("xgrammar")}
     )
     assert compiler.backend_name_for(load_grammar("json")) == "xgrammar"
-    assert type(compiler.compile(int)).__name__ == "XGrammarGrammar"
+    assert type(compiler.compile(int).grammar).__name__ == "XGrammarGrammar"
     compiler.close()
 
 
@@ -118,3 +118,33 @@ def test_relaxed_json_grammar_says_what_it_does_not_enforce(compiler: Any) -> No
     compiled = compiler.compile(schema)
     assert compiled.approximation is not None and "uniqueItems" in compiled.approximation
     assert compiler.compile({"type": "integer"}).approximation is None
+
+
+def test_relaxed_grammar_names_every_keyword_it_ignores(compiler: Any) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer", "not": {"const": 3}},
+                                               "b": {"type": "array", "uniqueItems": True}},
+              "if": {"required": ["a"]}, "then": {"required": ["b"]}}
+    before = compiler.num_relaxed
+    compiled = compiler.compile(schema)
+    assert compiled.approximation == "keywords not enforced: if, then, not, uniqueItems"
+    compiler.compile(schema)  # a cache hit is not another compilation
+    assert compiler.num_relaxed == before + 1
+
+
+def test_strict_schema_that_would_be_relaxed_is_refused_naming_the_keywords(compiler: Any) -> None:
+    from grammars import JsonSchemaConstraint
+
+    schema = {"type": "array", "items": {"type": "integer", "not": {"const": 0}}, "uniqueItems": True}
+    with pytest.raises(ConstraintError, match=r"strict JSON schema refused.*not, uniqueItems"):
+        compiler.compile(JsonSchemaConstraint.from_schema(schema, strict=True))
+    assert compiler.compile(to_constraint({"type": "integer"}, strict=True)).approximation is None
+    assert compiler.compile(schema).approximation is not None  # without strict: relaxed
+
+
+def test_outputs_of_a_backend_that_relaxes_silently_are_always_checked(tokenizer: Any, get_backend: Any) -> None:
+    # xgrammar skips `not` without a word: the grammar's end proves nothing, so the check runs.
+    compiler = GrammarCompiler(tokenizer, backend="xgrammar", backends={"xgrammar": get_backend("xgrammar")})
+    compiled = compiler.compile({"type": "string", "enum": ["a"], "not": {"const": "a"}})
+    check = compiled.check('"a"', "stop", grammar_end=True)
+    assert (compiled.approximation, check.valid, check.checked) == (None, False, True)
+    compiler.close()

@@ -57,6 +57,14 @@ def require_constraints(honoured: bool) -> None:
                     "(constrained decoding is being wired in by the lead)")
 
 
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Prometheus text as ``{(sample name, sorted labels): value}``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
 def engine_metric(engine: Any, name: str) -> float:
     """One engine metric, retried if the read races an engine step."""
     for _ in range(10):

@@ -4,14 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
+from server_helpers import samples
 
 from runtime.server import create_app
-
-
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def test_metrics_report_latencies_engine_state_and_errors(http: Any) -> None:
