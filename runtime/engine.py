@@ -33,7 +33,8 @@ from runtime.errors import InvalidRequestError, PromptTooLongError
 from runtime.model.kv_cache import KVCache
 from runtime.model.loader import eos_token_ids
 from runtime.model.runner import ModelRunner
-from runtime.output.processor import OutputCallback, OutputProcessor
+from runtime.output.processor import OutputProcessor
+from runtime.output.state import OutputCallback
 from runtime.outputs import RequestOutput
 from runtime.request import Request
 from runtime.sampling_params import SamplingParams

@@ -35,7 +35,8 @@ import torch
 from runtime.constrained import CheckedGrammar
 from runtime.errors import EngineClosedError
 from runtime.model.runner import ModelRunner
-from runtime.output.processor import OutputCallback, OutputProcessor
+from runtime.output.processor import OutputProcessor
+from runtime.output.state import OutputCallback
 from runtime.outputs import FinishReason
 from runtime.request import Request
 from runtime.scheduler.batch import ScheduledBatch

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
@@ -31,6 +30,7 @@ from runtime.constrained.masking import mask_logits
 from runtime.errors import InvalidRequestError
 from runtime.model.runner import ForwardOutput
 from runtime.output.detokenizer import IncrementalDetokenizer
+from runtime.output.state import NewTokens, OutputCallback, StepTokens, TopLogprobs, TrackedRequest
 from runtime.outputs import ConstraintCheck, FinishReason, RequestOutput
 from runtime.request import Request
 from runtime.sampling.sampler import sample
@@ -39,51 +39,6 @@ from runtime.scheduler.batch import ScheduledBatch
 from runtime.speculative import DraftProposer, SpecStats, lookup_break_even, verify_drafts
 
 log = logging.getLogger("arbor.engine")
-OutputCallback = Callable[[RequestOutput], None]
-TopLogprobs = dict[int, float]
-
-
-@dataclass(eq=False)
-class TrackedRequest:
-    """The output processor's state of one request, from submission to finish."""
-
-    request: Request
-    detok: IncrementalDetokenizer
-    callback: OutputCallback | None
-    seed: int  # the request's own, or drawn from the engine's generator at submission
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[TopLogprobs] = field(default_factory=list)
-    prompt_logprobs: list[float | None] = field(default_factory=list)  # per prompt token
-    emitted_tokens: int = 0
-    matcher: GrammarMatcher | None = None  # attached once the constraint is compiled
-    grammar: CheckedGrammar | None = None  # the matcher's grammar: checks the final output
-    spec: SpecStats = field(default_factory=SpecStats)
-    drafts_from_lookup: bool = False  # this step's drafts came from prompt lookup
-    prompt_text: str | None = None  # decoded once, for text-level prompt lookup
-
-
-@dataclass(frozen=True)
-class NewTokens:
-    """Tokens one request produced in a step, before they are appended."""
-
-    request: Request
-    token_ids: list[int]  # empty: the grammar admits no token (or max_new_tokens == 0)
-    logprobs: list[float] | None  # per token, when the request asked
-    top_logprobs: list[TopLogprobs] | None  # per token, when the request asked
-    verified: bool  # from a verify pass: the matcher has advanced past all of them
-
-
-@dataclass(frozen=True)
-class StepTokens:
-    """Everything a step produced for the callers, in emission order."""
-
-    new: list[NewTokens]
-    prompt_logprobs: dict[str, list[tuple[int, float]]]  # request id -> (position, logprob)
-
-    @property
-    def num_verified(self) -> dict[str, int]:
-        """Tokens each verify item produced (what the scheduler commits)."""
-        return {n.request.request_id: len(n.token_ids) for n in self.new if n.verified}
 
 
 class OutputProcessor:
