@@ -36,7 +36,7 @@ def to_constraint(obj: Any) -> Constraint:
         ConstraintError: the value is invalid or of an unknown type.
     """
     if isinstance(obj, Constraint):
-        return obj
+        return _complete(obj)
     if isinstance(obj, dict):
         return JsonSchemaConstraint.from_schema(obj)
     if isinstance(obj, list | tuple):
@@ -51,6 +51,17 @@ def to_constraint(obj: Any) -> Constraint:
     if is_outlines_type(obj):
         return from_outlines(obj)
     return _from_python_type(obj)
+
+
+def _complete(constraint: Constraint) -> Constraint:
+    """``constraint`` if it was built through its constructor (it has a ``key``)."""
+    try:
+        constraint.key  # noqa: B018 - computing it is the check
+    except (AttributeError, NotImplementedError) as exc:
+        raise ConstraintError(
+            f"incomplete {type(constraint).__name__} ({exc}); build it with its constructor"
+        ) from None
+    return constraint
 
 
 def _from_python_type(obj: Any) -> Constraint:
