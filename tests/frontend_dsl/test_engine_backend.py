@@ -1,11 +1,12 @@
 """The DSL on the real engine (default model and tiny random model).
 
 Every check compares against the engine used directly (same ids, same params), so the
-DSL is shown to add nothing and lose nothing. Skipped when ``runtime.Engine`` is missing.
+DSL is shown to add nothing and lose nothing.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pydantic
@@ -228,19 +229,28 @@ def test_a_failing_tool_never_takes_the_engine_down(engine: Any) -> None:
 
 
 def test_body_exception_aborts_requests_in_flight(engine: Any) -> None:
-    import time
+    # A step hook holds the engine before the request's first forward pass, so the request
+    # is certainly running, and unfinished, when the body raises.
+    scheduled, released = threading.Event(), threading.Event()
+
+    def hold(batch: Any) -> None:
+        scheduled.set()
+        assert released.wait(30), "the test never released the engine"
 
     @program
     def p(s: Any) -> None:
         s += "Once upon a time" + gen("story", max_tokens=500, temperature=0, stop=None)
-        time.sleep(0.3)  # the request is running in the engine now
+        assert scheduled.wait(10), "the request never reached the engine"
         raise RuntimeError("changed my mind")
 
     aborts_before = engine.metrics()["num_aborts"]
-    with pytest.raises(ProgramError, match="changed my mind"):
-        p.run(engine)
-    deadline = time.time() + 5  # the engine handles the abort on its next step
-    while engine.metrics()["num_aborts"] == aborts_before and time.time() < deadline:
-        time.sleep(0.05)
-    assert engine.metrics()["num_aborts"] > aborts_before
+    remove_hook = engine.add_step_hook(hold)
+    try:
+        with pytest.raises(ProgramError, match="changed my mind"):
+            p.run(engine)
+    finally:
+        released.set()
+        remove_hook()
+    assert engine.wait_idle(10), "the aborted request kept running"  # aborted on the next step
+    assert engine.metrics()["num_aborts"] == aborts_before + 1
     assert engine.metrics()["num_running"] == 0
