@@ -37,7 +37,9 @@ class EngineConfig:
     decode_reserve_tokens: int = 16  # KV tokens reserved per running request at admission
     disable_prefix_cache: bool = False  # True: the do-nothing cache (baseline)
     schedule_policy: SchedulePolicy = "lpm"  # "lpm" longest-prefix-match, or "fcfs"
-    kv_cache_dtype: str = "auto"  # "auto" = model dtype
+    # The KV cache's dtype. Only "auto" (the model's dtype) exists: KV quantization is not
+    # implemented, so any other value is refused rather than silently ignored.
+    kv_cache_dtype: Literal["auto"] = "auto"
     speculation: bool = True  # draft sources for constrained spans (when available)
     # A forward pass's fixed cost in token rows: F in the break-even acceptance rate
     # B / (F + B) that prompt-lookup drafts must beat with B requests decoding. None: 16 on
@@ -69,6 +71,10 @@ class EngineConfig:
             raise InvalidRequestError("decode_reserve_tokens must be >= 0")
         if not 0.0 < self.mem_fraction <= 0.95:
             raise InvalidRequestError(f"mem_fraction must be in (0, 0.95], got {self.mem_fraction}")
+        if self.kv_cache_dtype != "auto":
+            raise InvalidRequestError(
+                f"kv_cache_dtype must be 'auto' (the model's dtype; KV cache quantization is not "
+                f"implemented), got {self.kv_cache_dtype!r}")
         if self.schedule_policy not in ("lpm", "fcfs"):
             raise InvalidRequestError(f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}")
         if self.spec_fixed_cost_rows is not None and not self.spec_fixed_cost_rows > 0:
