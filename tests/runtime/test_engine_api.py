@@ -209,23 +209,29 @@ def test_a_script_may_exit_while_its_engine_is_busy() -> None:
 
 
 def test_ctrl_c_in_generate_aborts_its_requests(tiny: Engine) -> None:
+    prompts = [list(range(10, 30)), list(range(40, 50))]
     interrupted = threading.Event()
 
     def interrupt_once_both_decode(batch: ScheduledBatch) -> None:
         time.sleep(0.01)  # a slowed step: 200 tokens take 2 s, so neither finishes first
-        if len(batch.decode) == 2 and not interrupted.is_set():
+        decoding = [r.prompt_ids for r in batch.decode]
+        if all(p in decoding for p in prompts) and not interrupted.is_set():
             interrupted.set()
             # Raised on the engine thread, as an OS may deliver a Ctrl-C to any thread.
             signal.raise_signal(signal.SIGINT)
 
+    assert tiny.wait_idle(10)
     remove_hook = tiny.add_step_hook(interrupt_once_both_decode)
     aborts = tiny.metrics()["num_aborts"]
     params = SamplingParams(max_new_tokens=200, temperature=0, ignore_eos=True, speculation=False)
+    raised = False
     try:
-        with pytest.raises(KeyboardInterrupt):
-            tiny.generate(input_ids=[list(range(10, 30)), list(range(40, 50))], sampling_params=params)
+        tiny.generate(input_ids=prompts, sampling_params=params)
+    except KeyboardInterrupt:
+        raised = True
     finally:
         remove_hook()
+    assert raised, f"generate() finished without KeyboardInterrupt (SIGINT raised: {interrupted.is_set()})"
     assert tiny.wait_idle(5), "the interrupted requests kept running"
     assert tiny.metrics()["num_aborts"] == aborts + 2
     tiny.check_integrity()
