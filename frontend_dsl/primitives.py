@@ -7,6 +7,7 @@ states (``branches += gen(...)`` broadcasts it).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -103,20 +104,35 @@ def gen(
         json_bounds: with ``json_schema``, False lifts the bounds on number literals
             (``grammars.JsonBounds``: 20 integer digits, 16 fraction digits, 3 exponent
             digits by default).
-        choices: makes this a ``select`` over ``choices``.
+        choices: makes this a ``select`` over ``choices``, which scores every choice and
+            samples nothing: the sampling arguments above are refused with it.
         return_logprob: also record per-token logprobs in ``s.get_meta(name)``.
         speculation: False turns speculative drafts off for this call (the output is the
             same either way; only speed differs).
         tools: make the model call one of these ``@tool`` functions; the variable then
-            holds a ``ToolCall`` and the result is appended after ``tool_result_prefix``.
+            holds a ``ToolCall`` and the result is appended after ``tool_result_prefix``
+            (which is refused without ``tools``).
 
     Returns:
         An expression to append to a state.
+
+    Raises:
+        ProgramDefinitionError: conflicting or inapplicable arguments.
     """
     if choices is not None:
         if any(v is not None for v in (regex, json_schema, grammar)) or tools:
             raise ProgramDefinitionError("choices= cannot be combined with other constraints")
+        unused = _changed_from_defaults(
+            max_tokens=max_tokens, stop=stop, temperature=temperature, top_p=top_p, top_k=top_k,
+            min_p=min_p, seed=seed, return_logprob=return_logprob, speculation=speculation,
+            tool_result_prefix=tool_result_prefix)
+        if unused:
+            raise ProgramDefinitionError(
+                f"choices= makes this a select, which scores the choices and samples nothing: "
+                f"{', '.join(unused)} would do nothing")
         return select(name, choices)
+    if not tools and _changed_from_defaults(tool_result_prefix=tool_result_prefix):
+        raise ProgramDefinitionError("tool_result_prefix= applies only with tools=")
     if max_tokens < 0:
         raise ProgramDefinitionError(f"max_tokens must be >= 0, got {max_tokens}")
     params = GenParams(
@@ -157,6 +173,12 @@ def select(
     if method not in ("normalized", "unnormalized"):
         raise ProgramDefinitionError(f"unknown select method {method!r}")
     return Select(name, tuple(choices), method)
+
+
+def _changed_from_defaults(**values: Any) -> list[str]:
+    """The names among ``values`` (``gen`` arguments) not at ``gen``'s default."""
+    defaults = inspect.signature(gen).parameters
+    return [name for name, value in values.items() if value != defaults[name].default]
 
 
 def _stop_tuple(stop: str | Sequence[str] | None) -> tuple[str, ...]:

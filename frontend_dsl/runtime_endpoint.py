@@ -19,7 +19,7 @@ from runtime.server.protocol import ConstraintSpec, NativeSamplingParams
 def wire_params(params: GenParams) -> NativeSamplingParams:
     """The native API's sampling fields for one ``gen``."""
     fields: dict[str, Any] = {"max_new_tokens": params.max_tokens, "stop": list(params.stop),
-                              "logprobs": params.return_logprob}
+                              "logprobs": params.return_logprob, "speculation": params.speculation}
     for key in ("temperature", "top_p", "top_k", "min_p", "seed"):
         if getattr(params, key) is not None:
             fields[key] = getattr(params, key)

@@ -45,7 +45,7 @@ def to_constraint(
         ConstraintError: the value is invalid or of an unknown type.
     """
     if isinstance(obj, Constraint):
-        return obj
+        return _complete(obj)
     if isinstance(obj, dict):
         return JsonSchemaConstraint.from_schema(obj, strict=strict, bounds=json_bounds)
     if is_outlines_type(obj):
@@ -69,6 +69,17 @@ def _normalise(obj: Any) -> Constraint:
             "GrammarConstraint(lark_text) or load_grammar(name)"
         )
     return _from_python_type(obj)
+
+
+def _complete(constraint: Constraint) -> Constraint:
+    """``constraint`` if it was built through its constructor (it has a ``key``)."""
+    try:
+        constraint.key  # noqa: B018 - computing it is the check
+    except (AttributeError, NotImplementedError) as exc:
+        raise ConstraintError(
+            f"incomplete {type(constraint).__name__} ({exc}); build it with its constructor"
+        ) from None
+    return constraint
 
 
 def _from_python_type(obj: Any) -> Constraint:

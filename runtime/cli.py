@@ -90,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        EngineConfig.from_kwargs(**engine_kwargs(args))  # NOTE: bad settings fail before any load
         result: int = args.func(args)
         return result
     except ArborError as exc:

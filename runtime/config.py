@@ -12,6 +12,7 @@ from typing import Any, Literal
 from runtime.errors import InvalidRequestError
 
 SchedulePolicy = Literal["lpm", "fcfs"]
+DEFAULT_MEM_FRACTION = 0.15  # of free memory, for the KV pool when neither size is given
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,9 @@ class EngineConfig:
     max_model_len: int | None = None  # tokens per request (prompt + output); None: model's
     page_size: int = 1  # tokens per KV page
     num_pages: int | None = None  # KV pool size; None: derived from mem_fraction
-    mem_fraction: float = 0.15  # share of free memory given to the KV pool when num_pages is None
+    # Share of free memory given to the KV pool; None: DEFAULT_MEM_FRACTION. Only without
+    # num_pages: giving both is refused (one would be ignored).
+    mem_fraction: float | None = None
     max_running_requests: int = 256  # cap on requests in the running batch
     max_prefill_tokens: int = 2048  # prefill token budget of a step in which nothing decodes
     # Prefill tokens per step while other requests decode (stall-free batching): long
@@ -37,7 +40,9 @@ class EngineConfig:
     decode_reserve_tokens: int = 16  # KV tokens reserved per running request at admission
     disable_prefix_cache: bool = False  # True: the do-nothing cache (baseline)
     schedule_policy: SchedulePolicy = "lpm"  # "lpm" longest-prefix-match, or "fcfs"
-    kv_cache_dtype: str = "auto"  # "auto" = model dtype
+    # The KV cache's dtype. Only "auto" (the model's dtype) exists: KV quantization is not
+    # implemented, so any other value is refused rather than silently ignored.
+    kv_cache_dtype: Literal["auto"] = "auto"
     speculation: bool = True  # draft sources for constrained spans (when available)
     # A forward pass's fixed cost in token rows: F in the break-even acceptance rate
     # B / (F + B) that prompt-lookup drafts must beat with B requests decoding. None: 16 on
@@ -67,8 +72,15 @@ class EngineConfig:
             positive(name)
         if self.decode_reserve_tokens < 0:
             raise InvalidRequestError("decode_reserve_tokens must be >= 0")
-        if not 0.0 < self.mem_fraction <= 0.95:
+        if self.mem_fraction is not None and not 0.0 < self.mem_fraction <= 0.95:
             raise InvalidRequestError(f"mem_fraction must be in (0, 0.95], got {self.mem_fraction}")
+        if self.mem_fraction is not None and self.num_pages is not None:
+            raise InvalidRequestError("give num_pages or mem_fraction, not both (num_pages fixes the "
+                                      "KV pool size, mem_fraction derives it from free memory)")
+        if self.kv_cache_dtype != "auto":
+            raise InvalidRequestError(
+                f"kv_cache_dtype must be 'auto' (the model's dtype; KV cache quantization is not "
+                f"implemented), got {self.kv_cache_dtype!r}")
         if self.schedule_policy not in ("lpm", "fcfs"):
             raise InvalidRequestError(f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}")
         if self.spec_fixed_cost_rows is not None and not self.spec_fixed_cost_rows > 0:

@@ -17,7 +17,7 @@ import kernels
 from kernels import onednn
 from kernels.cpu import NativeBuildError
 from runtime import env
-from runtime.config import EngineConfig
+from runtime.config import DEFAULT_MEM_FRACTION, EngineConfig
 from runtime.errors import InvalidRequestError
 from runtime.model.kv_cache import KVCache
 from runtime.model.llama import LlamaForCausalLM
@@ -96,7 +96,8 @@ def size_pool(
     if cfg.num_pages is not None:
         num_pages = cfg.num_pages
     else:
-        num_pages = int(_free_memory_bytes(device) * cfg.mem_fraction) // (per_token * cfg.page_size)
+        fraction = cfg.mem_fraction if cfg.mem_fraction is not None else DEFAULT_MEM_FRACTION
+        num_pages = int(_free_memory_bytes(device) * fraction) // (per_token * cfg.page_size)
     capacity = (num_pages - 1) * cfg.page_size
     model_len = int(hf_config.get("max_position_embeddings", 2048))
     max_len = min(cfg.max_model_len or model_len, capacity)

@@ -62,6 +62,8 @@ class SamplingParams:
             raise bad(f"top_logprobs must be an integer in [0, 20], got {self.top_logprobs!r}")
         if not isinstance(self.logprob_start_len, int) or self.logprob_start_len < 0:
             raise bad(f"logprob_start_len must be an integer >= 0, got {self.logprob_start_len!r}")
+        if self.logprob_start_len and not self.prompt_logprobs:
+            raise bad("logprob_start_len applies only with prompt_logprobs=True")
         if self.seed is not None and not isinstance(self.seed, int):
             raise bad(f"seed must be an integer or None, got {self.seed!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):

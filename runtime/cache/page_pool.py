@@ -39,9 +39,6 @@ class PagePool:
     def num_free_pages(self) -> int:
         return len(self._free)
 
-    def can_allocate(self, num_pages: int) -> bool:
-        return num_pages <= len(self._free)
-
     def allocate(self, num_pages: int) -> list[int]:
         """Take ``num_pages`` free pages. Raises OutOfPagesError if there are not enough."""
         with self.lock:

@@ -62,12 +62,12 @@ def load_model(
     model_dir: Path, device: torch.device, dtype: torch.dtype, max_positions: int
 ) -> LlamaForCausalLM:
     """Build the model from ``config.json`` and load its safetensors weights."""
-    try:
+    try:  # NOTE: building the (meta) model checks the rest of the config: rope_type...
         args = ModelArgs.from_hf_config(read_config(model_dir))
+        with torch.device("meta"):
+            model = LlamaForCausalLM(args, max_positions)
     except (KeyError, ValueError) as exc:
         raise ModelLoadError(f"unsupported model config in {model_dir}: {exc}") from exc
-    with torch.device("meta"):
-        model = LlamaForCausalLM(args, max_positions)
     state = _fused_state_dict(_read_safetensors(model_dir), args)
     model.load_state_dict(state, strict=True, assign=True)
     model.rope = type(model.rope)(args.head_dim, max_positions, args.rope)  # real buffers

@@ -188,7 +188,8 @@ def _message_dict(m: ChatMessageIn) -> dict[str, Any]:
                                         "arguments": json.loads(c.function.arguments or "{}")})
                             for c in m.tool_calls)
     role = "system" if m.role == "developer" else m.role
-    return {"role": role, "content": content}
+    extra = {k: v for k, v in (("name", m.name), ("tool_call_id", m.tool_call_id)) if v is not None}
+    return {"role": role, "content": content, **extra}  # NOTE: templates that know them use them
 
 
 def tool_call_schema(tools: list[ChatTool]) -> dict[str, Any]:

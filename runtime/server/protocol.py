@@ -21,7 +21,15 @@ class Strict(BaseModel):
 
 
 class Lenient(BaseModel):
-    """Unknown fields are ignored (OpenAI API: clients send fields we do not use)."""
+    """Unknown fields are ignored (OpenAI API: clients send fields we do not use).
+
+    OpenAI fields that cannot change what this server returns are left undeclared, so they
+    fall under this rule: ``user`` (an end-user id for the provider's abuse monitoring),
+    ``parallel_tool_calls`` (an answer holds at most one tool call, which both values
+    allow), ``store``, ``metadata``, ``service_tier``. Fields that would change the output
+    and are not supported are declared and refused with a 400 (``presence_penalty``,
+    ``logit_bias``, ``echo``...).
+    """
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
@@ -207,7 +215,6 @@ class SamplingExtras(Lenient):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
-    user: str | None = None
     # extensions
     top_k: int = 0
     min_p: float = 0.0
@@ -298,7 +305,6 @@ class ChatCompletionRequest(SamplingExtras):
     response_format: ResponseFormat | None = None
     tools: list[ChatTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None
     add_generation_prompt: bool = True  # extension
 
 

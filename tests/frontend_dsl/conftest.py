@@ -26,6 +26,7 @@ def _prefer_project_packages() -> None:
 _prefer_project_packages()
 
 from frontend_dsl.fake_backend import FakeBackend, Responder  # noqa: E402
+from runtime import Engine  # noqa: E402
 from runtime.model.default_model import default_model_dir  # noqa: E402
 
 TOKENIZER_DIR = default_model_dir()
@@ -34,8 +35,6 @@ TOKENIZER_DIR = default_model_dir()
 @pytest.fixture(scope="session")
 def tokenizer() -> Any:
     """The default model's tokenizer (real chat template, real token boundaries)."""
-    if not TOKENIZER_DIR.exists():
-        pytest.skip(f"default model tokenizer not found at {TOKENIZER_DIR}")
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(TOKENIZER_DIR))
@@ -57,18 +56,10 @@ def fake(make_fake: Callable[..., FakeBackend]) -> FakeBackend:
     return make_fake()
 
 
-def _engine_class() -> Any:
-    try:
-        from runtime import Engine
-    except Exception as exc:  # noqa: BLE001 - any import failure means "engine not ready"
-        pytest.skip(f"runtime.Engine unavailable: {exc}")
-    return Engine
-
-
 @pytest.fixture(scope="session")
 def default_engine() -> Iterator[Any]:
     """The engine on the default model (SmolLM2-135M-Instruct), shared by the session."""
-    engine = _engine_class()(model="default")
+    engine = Engine(model="default")
     yield engine
     engine.close()
 
@@ -76,7 +67,7 @@ def default_engine() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_llama_dir: Path) -> Iterator[Any]:
     """The engine on the project's tiny random-weight Llama (``tests/conftest.py``)."""
-    engine = _engine_class()(model=str(tiny_llama_dir))
+    engine = Engine(model=str(tiny_llama_dir))
     yield engine
     engine.close()
 
@@ -86,32 +77,3 @@ def engine(request: pytest.FixtureRequest) -> Any:
     """Each engine-level test runs on the default model and on the tiny random model (the
     default-model runs are slow: the quick run, ``-m "not slow"``, keeps the tiny ones)."""
     return request.getfixturevalue(f"{request.param}_engine")
-
-
-@pytest.fixture
-def constrained_engine(engine: Any) -> Any:
-    """``engine``, skipping the test while the engine ignores ``SamplingParams.constraint``."""
-    if not _honours_constraints(engine):
-        pytest.skip("the engine does not apply constraints yet")
-    return engine
-
-
-@pytest.fixture(scope="session")
-def default_constraints_on(default_engine: Any) -> bool:
-    """Whether the default engine applies constraints yet."""
-    return _honours_constraints(default_engine)
-
-
-def _honours_constraints(engine: Any) -> bool:
-    """Whether the engine applies ``SamplingParams.constraint`` (a regex probe)."""
-    from runtime import SamplingParams
-
-    try:
-        import grammars
-
-        params = SamplingParams(max_new_tokens=3, temperature=0,
-                                constraint=grammars.RegexConstraint("[0-9]{3}"))
-        out = engine.generate("Write a word:", params)[0]
-    except Exception:  # noqa: BLE001 - any failure means "not usable yet"
-        return False
-    return out.error is None and out.text.isdigit() and len(out.text) == 3

@@ -1,11 +1,12 @@
 """The DSL on the real engine (default model and tiny random model).
 
 Every check compares against the engine used directly (same ids, same params), so the
-DSL is shown to add nothing and lose nothing. Skipped when ``runtime.Engine`` is missing.
+DSL is shown to add nothing and lose nothing.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pydantic
@@ -151,13 +152,12 @@ def capital(country: str) -> str:
     return {"France": "Paris"}.get(country, "unknown")
 
 
-def test_tool_call_validates_against_its_schema(constrained_engine: Any, request: pytest.FixtureRequest) -> None:
+# NOTE: the default model only: random weights never pick the closing quote of a free-text
+# argument within a bounded budget (the tiny model's outputs are checked for validity, not
+# completion, by the always-valid tests in tests/runtime).
+@pytest.mark.slow
+def test_tool_call_validates_against_its_schema(default_engine: Any) -> None:
     import json
-
-    if "tiny" in request.node.callspec.id:
-        # Random weights never pick the closing quote of a free-text argument within a
-        # bounded budget; validity of finished outputs is covered by the always-valid tests.
-        pytest.skip("a random-weight model does not finish free-text strings")
 
     import jsonschema
 
@@ -166,14 +166,13 @@ def test_tool_call_validates_against_its_schema(constrained_engine: Any, request
         s += user("What is the capital of France? Use the capital tool.")
         s += assistant(gen("call", tools=[capital], max_tokens=40, temperature=0))
 
-    call = agent.run(constrained_engine)["call"]
+    call = agent.run(default_engine)["call"]
     jsonschema.validate(json.loads(call.text), call_schema([capital]))
     assert call.name == "capital" and call.error is None
 
 
-def test_json_schema_gives_a_validated_object(constrained_engine: Any, request: pytest.FixtureRequest) -> None:
-    if "tiny" in request.node.callspec.id:
-        pytest.skip("a random-weight model does not finish free-text strings")
+@pytest.mark.slow
+def test_json_schema_gives_a_validated_object(default_engine: Any) -> None:
     class City(pydantic.BaseModel):
         name: str
         country: str
@@ -183,7 +182,7 @@ def test_json_schema_gives_a_validated_object(constrained_engine: Any, request: 
         s += user("Paris is in France. Give the city as JSON.")
         s += assistant(gen("city", json_schema=City, max_tokens=40, temperature=0))
 
-    assert isinstance(extract.run(constrained_engine)["city"], City)
+    assert isinstance(extract.run(default_engine)["city"], City)
 
 
 def test_return_logprob_and_run_batch_on_the_engine(engine: Any) -> None:
@@ -230,21 +229,30 @@ def test_a_failing_tool_never_takes_the_engine_down(engine: Any) -> None:
 
 
 def test_body_exception_aborts_requests_in_flight(engine: Any) -> None:
-    import time
+    # A step hook holds the engine before the request's first forward pass, so the request
+    # is certainly running, and unfinished, when the body raises.
+    scheduled, released = threading.Event(), threading.Event()
+
+    def hold(batch: Any) -> None:
+        scheduled.set()
+        assert released.wait(30), "the test never released the engine"
 
     @program
     def p(s: Any) -> None:
         s += "Once upon a time" + gen("story", max_tokens=500, temperature=0, stop=None)
-        time.sleep(0.3)  # the request is running in the engine now
+        assert scheduled.wait(10), "the request never reached the engine"
         raise RuntimeError("changed my mind")
 
     aborts_before = engine.metrics()["num_aborts"]
-    with pytest.raises(ProgramError, match="changed my mind"):
-        p.run(engine)
-    deadline = time.time() + 5  # the engine handles the abort on its next step
-    while engine.metrics()["num_aborts"] == aborts_before and time.time() < deadline:
-        time.sleep(0.05)
-    assert engine.metrics()["num_aborts"] > aborts_before
+    remove_hook = engine.add_step_hook(hold)
+    try:
+        with pytest.raises(ProgramError, match="changed my mind"):
+            p.run(engine)
+    finally:
+        released.set()
+        remove_hook()
+    assert engine.wait_idle(10), "the aborted request kept running"  # aborted on the next step
+    assert engine.metrics()["num_aborts"] == aborts_before + 1
     assert engine.metrics()["num_running"] == 0
 
 

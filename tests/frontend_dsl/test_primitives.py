@@ -167,6 +167,23 @@ def test_bad_primitive_arguments_fail_early() -> None:
         select("x", ["a"], method="best")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("setting", [
+    {"max_tokens": 4}, {"stop": "."}, {"temperature": 0.7}, {"top_p": 0.9}, {"top_k": 5},
+    {"min_p": 0.1}, {"seed": 1}, {"return_logprob": True}, {"speculation": False},
+    {"tool_result_prefix": "\nResult: "},
+])
+def test_gen_choices_refuses_the_sampling_arguments_it_would_ignore(setting: dict[str, Any]) -> None:
+    [name] = setting
+    with pytest.raises(ProgramDefinitionError, match=f"choices= makes this a select.*: {name} would do nothing"):
+        gen("c", choices=["red", "green"], **setting)
+    assert gen("c", choices=["red", "green"]) == select("c", ["red", "green"])
+
+
+def test_tool_result_prefix_needs_tools() -> None:
+    with pytest.raises(ProgramDefinitionError, match="tool_result_prefix= applies only with tools="):
+        gen("x", tool_result_prefix="\nResult: ")
+
+
 def _expected_scores(backend: FakeBackend, prefix: str, choices: list[str], normalized: bool) -> list[float]:
     """Score each choice independently on the natural tokenization of prefix + choice,
     every choice over the same span: from the first position where any of them departs

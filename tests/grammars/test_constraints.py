@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from pathlib import Path
 from typing import Literal
@@ -237,9 +238,14 @@ def test_bad_choice_lists(choices: list[object], message: str) -> None:
         to_constraint(choices)
 
 
+def test_an_incomplete_constraint_object_is_refused() -> None:
+    with pytest.raises(ConstraintError, match="incomplete RegexConstraint"):
+        to_constraint(RegexConstraint.__new__(RegexConstraint))
+
+
 def test_constraints_are_frozen_and_hashable() -> None:
     regex = RegexConstraint("a+")
-    with pytest.raises(AttributeError):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         regex.pattern = "b"  # type: ignore[misc]
     assert len({regex, RegexConstraint("a+"), to_constraint(PERSON)}) == 2
 

@@ -9,8 +9,10 @@
 2. on teardown, the variable restored and those modules dropped again, so the rest of the
    suite (and a GPU run of it) imports compiled kernels, untouched by these tests.
 
-If Triton is missing or its interpreter cannot run a probe kernel (``interpreter_probe.py``),
-every test using the fixture skips; a kernel module that fails to import is an error, not a skip.
+If this environment's Triton cannot interpret a probe kernel on the CPU
+(``interpreter_probe.py``: a Triton build or platform without the interpreter), every test
+using the fixture skips, saying so; a kernel module of ours that fails to import is an error,
+not a skip.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def triton_kernels() -> Iterator[SimpleNamespace]:
     try:
         reason = _interpreter_unavailable()
         if reason is not None:
-            pytest.skip(f"Triton interpreter unavailable: {reason}")
+            pytest.skip(f"environment: this Triton cannot interpret kernels on the CPU ({reason})")
         mods = [importlib.import_module(f"kernels.triton.{n}") for n in TRITON_KERNEL_MODULES]
         yield SimpleNamespace(
             **{n: getattr(m, n) for n, m in zip(TRITON_KERNEL_MODULES, mods, strict=True)}
@@ -75,7 +77,7 @@ def cpu_kernels(tmp_path_factory: pytest.TempPathFactory) -> CpuKernels:
         return CpuKernels.build(tmp_path_factory.mktemp("kernel-cache"))
     except NativeBuildError as exc:
         if "no C compiler" in str(exc):
-            pytest.skip(str(exc))
+            pytest.skip(f"environment: {exc}")
         raise
 
 

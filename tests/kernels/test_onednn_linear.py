@@ -9,7 +9,7 @@ from torch import nn
 
 from kernels import onednn
 
-pytestmark = pytest.mark.skipif(not onednn.available(), reason="this torch build has no oneDNN")
+pytestmark = pytest.mark.skipif(not onednn.available(), reason="environment: this torch build has no oneDNN")
 
 
 @pytest.mark.parametrize("rows", [0, 1, 3, 32, 257])

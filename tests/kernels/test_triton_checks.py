@@ -8,6 +8,8 @@ import pytest
 import torch
 from paged_batch import make_paged_batch, random_q
 
+from kernels.triton import checks
+
 
 @pytest.fixture
 def decode_args() -> dict[str, object]:
@@ -77,7 +79,6 @@ def test_store_kv_rejects_mismatched_token_counts(triton_kernels: SimpleNamespac
 
 
 def test_cpu_tensors_need_the_interpreter() -> None:
-    checks = pytest.importorskip("kernels.triton.checks")
     compiled_kernel = object()  # what a kernel jitted without TRITON_INTERPRET=1 is not
     with pytest.raises(ValueError, match="need CUDA tensors"):
         checks.check_launchable(torch.device("cpu"), compiled_kernel)

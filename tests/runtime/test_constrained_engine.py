@@ -118,7 +118,7 @@ def test_length_mid_grammar_returns_partial_text(tiny: Engine) -> None:
     [{"type": "objekt"}, RegexConstraint.__new__(RegexConstraint), "not a constraint"],
 )
 def test_invalid_constraints_fail_on_submission(tiny: Engine, bad: Any) -> None:
-    with pytest.raises((ConstraintError, TypeError, AttributeError, ValueError)):
+    with pytest.raises(ConstraintError):
         tiny.generate("x", SamplingParams(max_new_tokens=4, constraint=bad))
     out = tiny.generate("x", SamplingParams(max_new_tokens=2, temperature=0))[0]
     assert len(out.token_ids) == 2  # still serving

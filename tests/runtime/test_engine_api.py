@@ -16,6 +16,7 @@ import pytest
 from runtime import Engine, InvalidRequestError, ModelLoadError, PromptTooLongError, SamplingParams
 from runtime.errors import EngineClosedError
 from runtime.outputs import RequestOutput
+from runtime.scheduler.batch import ScheduledBatch
 
 
 @pytest.fixture(scope="module")
@@ -191,31 +192,48 @@ def test_a_script_may_exit_while_its_engine_is_busy() -> None:
     # Without the engine's exit hook this aborted the interpreter ("terminate called
     # without an active exception", status 134) in 4 of 5 runs: the loop thread was
     # inside a forward pass at shutdown.
+    # The script leaves as soon as the step hook has run: the loop thread is then starting
+    # the forward pass of a 1,500-token prefill.
     script = (
-        "import time\n"
+        "import threading\n"
         "from runtime import Engine, SamplingParams\n"
         "engine = Engine(model='default')\n"
+        "stepping = threading.Event()\n"
+        "engine.add_step_hook(lambda batch: stepping.set())\n"
         "ids = [1 + (j * 7919) % 40000 for j in range(1500)]\n"
         "engine.add_request(input_ids=ids, params=SamplingParams(max_new_tokens=50))\n"
-        "time.sleep(0.5)\n"
+        "assert stepping.wait(60), 'the engine never stepped'\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_ctrl_c_in_generate_aborts_its_requests(tiny: Engine) -> None:
-    remove_hook = tiny.add_step_hook(lambda _: time.sleep(0.01))
+    prompts = [list(range(10, 30)), list(range(40, 50))]
+    interrupted = threading.Event()
+
+    def interrupt_once_both_decode(batch: ScheduledBatch) -> None:
+        time.sleep(0.01)  # a slowed step: 200 tokens take 2 s, so neither finishes first
+        decoding = [r.prompt_ids for r in batch.decode]
+        if all(p in decoding for p in prompts) and not interrupted.is_set():
+            interrupted.set()
+            # Raised on the engine thread, as an OS may deliver a Ctrl-C to any thread.
+            signal.raise_signal(signal.SIGINT)
+
+    assert tiny.wait_idle(10)
+    remove_hook = tiny.add_step_hook(interrupt_once_both_decode)
+    # NOTE: Python's own handler, whatever the launcher left: a shell's background job (and
+    # so a Python started by one) ignores SIGINT.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     aborts = tiny.metrics()["num_aborts"]
     params = SamplingParams(max_new_tokens=200, temperature=0, ignore_eos=True, speculation=False)
-    # Raised on the timer thread, as an OS may deliver a Ctrl-C to any thread.
-    timer = threading.Timer(0.3, signal.raise_signal, (signal.SIGINT,))
-    timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            tiny.generate(input_ids=[list(range(10, 30)), list(range(40, 50))], sampling_params=params)
+            tiny.generate(input_ids=prompts, sampling_params=params)
     finally:
-        timer.cancel()
+        signal.signal(signal.SIGINT, previous)
         remove_hook()
+    assert interrupted.is_set()
     assert tiny.wait_idle(5), "the interrupted requests kept running"
     assert tiny.metrics()["num_aborts"] == aborts + 2
     tiny.check_integrity()

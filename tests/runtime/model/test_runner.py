@@ -3,6 +3,7 @@ order, and that paged KV written by one pass is read by the next (against HF).""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -68,7 +69,7 @@ def test_rows_come_back_by_kind_and_order(runner: ModelRunner, hf_logits: torch.
 
 def test_the_runner_gets_values_it_cannot_change() -> None:
     seq = ForwardSeq("a", (1, 2), 0, (3,), "last")
-    with pytest.raises(AttributeError):
+    with pytest.raises(AttributeError, match="'tuple' object has no attribute 'append'"):
         seq.token_ids.append(5)  # type: ignore[attr-defined]
-    with pytest.raises(AttributeError):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         seq.start = 4  # type: ignore[misc]

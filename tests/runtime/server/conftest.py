@@ -1,13 +1,11 @@
 """Server tests: a tiny random Llama engine behind a live uvicorn server on 127.0.0.1.
 
-The model directory comes from the shared session fixture ``tiny_llama_dir``
-(tests/conftest.py) when it exists, else it is built here the same way: a 2-layer random
-Llama with the SmolLM2 tokenizer, so every request is fast on two CPU cores.
+The model is the shared session fixture ``tiny_llama_dir`` (tests/conftest.py): a 2-layer
+random Llama with the SmolLM2 tokenizer, so every request is fast on two CPU cores.
 """
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,46 +13,14 @@ from typing import Any
 import pytest
 from server_helpers import API_KEY, LiveServer, auth
 
-from runtime.model.default_model import default_model_dir  # noqa: E402
+from runtime import Engine
 
-SMOLLM2_DIR = default_model_dir()
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 PROGRAMS_FILE = Path(__file__).parent / "programs_fixture.py"
 
 
-def _build_tiny_llama(out: Path) -> Path:
-    import torch
-    import transformers
-
-    if not (SMOLLM2_DIR / "tokenizer.json").exists():
-        pytest.skip(f"the SmolLM2 tokenizer is not cached in {SMOLLM2_DIR} (run `make setup`)")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-        bos_token_id=1, eos_token_id=2, pad_token_id=2,
-    )
-    transformers.LlamaForCausalLM(config).save_pretrained(out, safe_serialization=True)
-    for name in TOKENIZER_FILES:
-        if (SMOLLM2_DIR / name).exists():
-            shutil.copy(SMOLLM2_DIR / name, out / name)
-    return out
-
-
 @pytest.fixture(scope="session")
-def server_model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The shared ``tiny_llama_dir`` if another conftest provides it, else our own."""
-    try:
-        return Path(request.getfixturevalue("tiny_llama_dir"))
-    except pytest.FixtureLookupError:
-        return _build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
-
-
-@pytest.fixture(scope="session")
-def engine(server_model_dir: Path) -> Iterator[Any]:
-    from runtime import Engine
-
-    eng = Engine(model=str(server_model_dir), num_pages=2048, max_model_len=512,
+def engine(tiny_llama_dir: Path) -> Iterator[Any]:
+    eng = Engine(model=str(tiny_llama_dir), num_pages=2048, max_model_len=512,
                  max_running_requests=32, num_threads=1, seed=0)
     yield eng
     eng.close()
@@ -95,19 +61,3 @@ def http(server: LiveServer) -> Iterator[Any]:
 
     with httpx.Client(base_url=server.url, headers=auth(), timeout=30) as client:
         yield client
-
-
-@pytest.fixture(scope="session")
-def constraints_honoured(engine: Any) -> bool:
-    """Whether the engine applies ``SamplingParams(constraint=...)`` (being wired in)."""
-    try:
-        from grammars import ChoiceConstraint
-        from runtime import SamplingParams
-
-        params = SamplingParams(max_new_tokens=4, temperature=0, constraint=ChoiceConstraint(("yes", "no")))
-        out = engine.generate(input_ids=[1, 2, 3], sampling_params=params)[0]
-    except Exception:
-        return False
-    return out.error is None and out.text in ("yes", "no")
-
-

@@ -7,8 +7,6 @@ import threading
 import time
 from typing import Any
 
-import pytest
-
 API_KEY = "test-key"
 
 
@@ -49,12 +47,6 @@ class LiveServer:
 
 def auth() -> dict[str, str]:
     return {"Authorization": f"Bearer {API_KEY}"}
-
-
-def require_constraints(honoured: bool) -> None:
-    if not honoured:
-        pytest.skip("the engine does not honour SamplingParams(constraint=...) yet "
-                    "(constrained decoding is being wired in by the lead)")
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

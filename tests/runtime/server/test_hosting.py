@@ -11,7 +11,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -228,15 +228,9 @@ def test_a_failing_program_raises_the_hosts_error(idle_engine: Any) -> None:
 @pytest.fixture()
 def slow_forward(idle_engine: Any) -> Iterator[None]:
     """10 ms per forward pass, so a 250-token generation is still running when we look."""
-    forward: Callable[[Any], Any] = idle_engine.runner.forward
-
-    def slowed(batch: Any) -> Any:
-        time.sleep(0.01)
-        return forward(batch)
-
-    idle_engine.runner.forward = slowed
+    remove = idle_engine.add_step_hook(lambda batch: time.sleep(0.01))
     yield
-    idle_engine.runner.forward = forward
+    remove()
 
 
 def test_closing_a_programs_stream_aborts_its_requests(

@@ -9,7 +9,7 @@ import re
 from typing import Any
 
 import pytest
-from server_helpers import API_KEY, require_constraints
+from server_helpers import API_KEY
 
 from runtime import SamplingParams
 from runtime.server.client import ArborClient, ServerError
@@ -86,15 +86,13 @@ def test_client_raises_typed_errors(client: ArborClient) -> None:
     assert err.value.status == 400
 
 
-def test_native_constraint_choice(http: Any, constraints_honoured: bool) -> None:
-    require_constraints(constraints_honoured)
+def test_native_constraint_choice(http: Any) -> None:
     r = http.post("/generate", json={"text": PROMPT, "sampling_params": {
         "max_new_tokens": 8, "temperature": 0, "constraint": {"choices": ["red", "green", "blue"]}}})
     assert r.status_code == 200 and r.json()["text"] in ("red", "green", "blue")
 
 
-def test_native_constraint_json_schema(http: Any, constraints_honoured: bool) -> None:
-    require_constraints(constraints_honoured)
+def test_native_constraint_json_schema(http: Any) -> None:
     schema = {"enum": ["north", "south", 7]}  # a top-level enum leaves no room for whitespace
     r = http.post("/generate", json={"text": PROMPT, "sampling_params": {
         "max_new_tokens": 30, "temperature": 0, "constraint": {"json_schema": schema}}})
@@ -102,8 +100,7 @@ def test_native_constraint_json_schema(http: Any, constraints_honoured: bool) ->
     assert json.loads(r.json()["text"]) in ("north", "south", 7)
 
 
-def test_native_constraint_regex_and_type(http: Any, constraints_honoured: bool) -> None:
-    require_constraints(constraints_honoured)
+def test_native_constraint_regex_and_type(http: Any) -> None:
     for constraint, check in (({"regex": "[a-c]{3}-[0-9]{2}"}, r"[a-c]{3}-[0-9]{2}"),
                               ({"type": "int"}, r"-?(0|[1-9][0-9]*)")):
         r = http.post("/generate", json={"text": PROMPT, "sampling_params": {

@@ -8,7 +8,7 @@ from typing import Any
 
 import openai
 import pytest
-from server_helpers import API_KEY, require_constraints
+from server_helpers import API_KEY
 
 from runtime import SamplingParams
 
@@ -87,8 +87,7 @@ def test_chat_stream_stop_and_logprobs(client: openai.OpenAI, engine: Any) -> No
     assert tokens and all(len(t.top_logprobs) == 1 for t in tokens)
 
 
-def test_chat_json_schema_response_format(client: openai.OpenAI, constraints_honoured: bool) -> None:
-    require_constraints(constraints_honoured)
+def test_chat_json_schema_response_format(client: openai.OpenAI) -> None:
     schema = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 8}},
               "required": ["colour"], "additionalProperties": False}
     got = client.chat.completions.create(
@@ -99,8 +98,7 @@ def test_chat_json_schema_response_format(client: openai.OpenAI, constraints_hon
     assert set(value) == {"colour"} and isinstance(value["colour"], str) and len(value["colour"]) <= 8
 
 
-def test_chat_json_object_response_format(client: openai.OpenAI, constraints_honoured: bool) -> None:
-    require_constraints(constraints_honoured)
+def test_chat_json_object_response_format(client: openai.OpenAI) -> None:
     got = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=40, temperature=0,
                                          response_format={"type": "json_object"})
     content, finish = got.choices[0].message.content or "", got.choices[0].finish_reason
@@ -118,8 +116,7 @@ WEATHER_TOOL: Any = {"type": "function", "function": {
                    "required": ["city"], "additionalProperties": False}}}
 
 
-def test_chat_forced_tool_call(client: openai.OpenAI, constraints_honoured: bool) -> None:
-    require_constraints(constraints_honoured)
+def test_chat_forced_tool_call(client: openai.OpenAI) -> None:
     got = client.chat.completions.create(
         model="m", messages=[{"role": "user", "content": "Weather in Paris?"}], max_tokens=40,
         temperature=0, tools=[WEATHER_TOOL],
