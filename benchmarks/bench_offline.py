@@ -119,7 +119,8 @@ def main() -> None:
     if hf is not None:
         run_hf(hf, pad_id, prompts.make(2, 16), 4)
     rows = []
-    print(f"{'batch':>5} {'arbor tok/s':>12} {'hf tok/s':>10} {'ratio':>7}  (medians of {args.repeats})")
+    print(f"{'batch':>5} {'arbor tok/s':>12} {'hf tok/s':>10} {'ratio':>7}  (medians of {args.repeats}; "
+          "each repeat's ratio, the two sides run back to back)")
     sides = ["arbor"] if hf is None else ["arbor", "hf"]
     for batch in args.batches:
         runs: dict[str, list[float]] = {"arbor": [], "hf": []}
@@ -131,12 +132,14 @@ def main() -> None:
                 else:
                     runs[side].append(run_hf(hf, pad_id, batch_prompts, args.new_tokens))
         ours, theirs = runs["arbor"], runs["hf"]
+        paired = [a / h for a, h in zip(ours, theirs, strict=False)]
         row = {"batch": batch, "arbor_tok_s": median(ours), "hf_tok_s": median(theirs),
-               "arbor_runs": ours, "hf_runs": theirs}
+               "arbor_runs": ours, "hf_runs": theirs, "repeat_ratios": paired,
+               "load_average": load_average()}
         row["ratio"] = row["arbor_tok_s"] / row["hf_tok_s"]
         rows.append(row)
-        print(f"{batch:>5} {row['arbor_tok_s']:>12.1f} {row['hf_tok_s']:>10.1f} {row['ratio']:>7.2f}x",
-              flush=True)
+        print(f"{batch:>5} {row['arbor_tok_s']:>12.1f} {row['hf_tok_s']:>10.1f} {row['ratio']:>7.2f}x  "
+              f"({' '.join(f'{r:.2f}' for r in paired)}; load {row['load_average']})", flush=True)
     print(f"load average: {load_average()}")
     print("saved", save_result("bench_offline", {"args": vars(args), "rows": rows}))
 
