@@ -23,7 +23,12 @@ Fair by construction:
   which side runs first (the other waits, idle), and each repeat's ratio is printed.
 
     .venv/bin/python benchmarks/bench_offline.py [--batches 1 8 32 64] [--repeats 3]
-        [--no-prepack] [--torch-kernels]
+        [--threads N] [--no-prepack] [--torch-kernels]
+
+On a machine shared with other work, HF's two OpenMP threads stall at every barrier while
+another process holds a core (measured at load ~4 on 2 cores: HF batch 8 at 5.7-64 tok/s
+across repeats), so read ratios only at low load, or compare both sides at
+``--threads 1``.
 
 ``--no-prepack`` runs Arbor with plain ``F.linear`` weights (``prepack_weights=False``),
 the baseline for the oneDNN-prepacked linears; ``--torch-kernels`` runs attention, norms,
@@ -104,19 +109,21 @@ def run_hf(model, pad_id: int, prompts: list[list[int]], new_tokens: int) -> flo
 _side: Callable[[list[list[int]], int], float] | None = None  # this worker's run_arbor / run_hf
 
 
-def _start_arbor(speculation: bool, prepack: bool, torch_kernels: bool) -> None:
+def _start_arbor(speculation: bool, prepack: bool, torch_kernels: bool, threads: int | None) -> None:
     global _side
     engine = Engine(model="default", page_size=16, disable_prefix_cache=True,
-                    speculation=speculation, prepack_weights=prepack)
+                    speculation=speculation, prepack_weights=prepack, num_threads=threads)
     if torch_kernels:
         kernels.set_kernel_backend("torch")
     _side = functools.partial(run_arbor, engine)
 
 
-def _start_hf(model_dir: str, pad_id: int) -> None:
+def _start_hf(model_dir: str, pad_id: int, threads: int | None) -> None:
     global _side
     from transformers import AutoModelForCausalLM
 
+    if threads:
+        torch.set_num_threads(threads)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
                                                  attn_implementation="sdpa").eval()
     _side = functools.partial(run_hf, model, pad_id)
@@ -138,6 +145,9 @@ def main() -> None:
     ap.add_argument("--no-prepack", action="store_true", help="plain F.linear weights (the baseline)")
     ap.add_argument("--torch-kernels", action="store_true",
                     help="the torch reference ops instead of the native CPU kernels (their baseline)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads of each side (default: torch's, one per core); 1 keeps a "
+                         "shared machine's other load from stalling one side's OpenMP barriers")
     ap.add_argument("--speculation", action="store_true",
                     help="leave prompt-lookup speculation on (off by default: this measures plain decode)")
     args = ap.parse_args()
@@ -150,10 +160,10 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         workers = {"arbor": stack.enter_context(ProcessPoolExecutor(
             1, spawn, initializer=_start_arbor,
-            initargs=(args.speculation, not args.no_prepack, args.torch_kernels)))}
+            initargs=(args.speculation, not args.no_prepack, args.torch_kernels, args.threads)))}
         if not args.skip_hf:
             workers["hf"] = stack.enter_context(ProcessPoolExecutor(
-                1, spawn, initializer=_start_hf, initargs=(model_dir, pad_id)))
+                1, spawn, initializer=_start_hf, initargs=(model_dir, pad_id, args.threads)))
         for worker in workers.values():  # loads the side, then warms it up on its own prompts
             worker.submit(_run, prompts.make(2, 16), 4).result()
         rows = run_batches(args, workers, prompts)
