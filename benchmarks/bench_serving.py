@@ -6,9 +6,19 @@ lengths are exact), and ``multi_turn``: conversations over ``/chat/completions``
 share one long system prompt and grow turn by turn (prefix-cache reuse). Requests
 arrive as a Poisson process at ``--rate`` per second (a conversation arrives once and
 then runs its turns back to back). Per bucket: TTFT, ITL and end-to-end p50/p95/p99 and
-output tokens/s; overall throughput. Baseline, measured in the same run: the same
-requests (other words, so no prefix-cache hits from the online run) sent one at a time
-(``--no-baseline`` skips it). Saves
+output tokens/s; overall throughput.
+
+Tokens, not SSE chunks: a chunk may carry several tokens (speculation accepts a few at a
+time; a token with no text of its own rides with the next). Each request asks for the
+logprob of each chosen token (``logprobs``; ``--no-token-logprobs`` turns it off), so
+every chunk says how many tokens it carries, and for ``stream_options.include_usage``,
+so the final chunk says how many the request produced. ITL is per token: a gap between
+chunks that ends in a chunk of k tokens counts as k gaps of gap/k. Without per-token
+logprobs from the server ITL is per chunk, and without usage the output token count is
+the logprob entries (or the chunks); the summary says which counts it used.
+
+Baseline, measured in the same run: the same requests (other words, so no prefix-cache
+hits from the online run) sent one at a time (``--no-baseline`` skips it). Saves
 ``benchmarks/results/<name>.json`` and a latency CDF plot ``<name>_cdf.png``.
 
     arbor serve --model default --port 30000 --max-prefill-tokens 256 &
@@ -59,11 +69,14 @@ class Sample:
     """One finished (or failed) request, timed on the client."""
 
     bucket: str
-    ttft: float | None = None
-    itl: list[float] = field(default_factory=list)
+    ttft: float | None = None  # seconds to the first chunk that carries a token
+    itl: list[float] = field(default_factory=list)  # per token after that chunk's (see above)
     e2e: float | None = None
     prompt_tokens: int = 0
-    output_tokens: int = 0
+    output_tokens: int = 0  # from usage, else the streamed counts below
+    streamed_tokens: int = 0  # tokens counted chunk by chunk (logprob entries, else chunks)
+    counted_by: str = "usage"  # "usage", "logprobs" or "chunks": where output_tokens came from
+    itl_per: str = "token"  # "token" (chunks carried per-token logprobs) or "chunk"
     error: str | None = None
 
 
@@ -99,14 +112,18 @@ def make_jobs(num: int, load: Workload, seed: int, buckets: list[str]) -> list[J
 class Client:
     """Streams one request and times its chunks."""
 
-    def __init__(self, http: httpx.AsyncClient, model: str, ignore_eos: bool, system: str) -> None:
+    def __init__(self, http: httpx.AsyncClient, model: str, ignore_eos: bool, system: str,
+                 token_logprobs: bool = True) -> None:
         self.http = http
         self.model = model
         self.ignore_eos = ignore_eos
         self.system = system
+        self.token_logprobs = token_logprobs
 
     async def completion(self, job: Job) -> Sample:
-        body = {"prompt": job.prompt, "max_tokens": job.max_tokens}
+        body: dict[str, Any] = {"prompt": job.prompt, "max_tokens": job.max_tokens}
+        if self.token_logprobs:
+            body["logprobs"] = 0  # the chosen token's logprob: one entry per token
         return await self._stream("/completions", body, job.bucket, lambda c: c.get("text"))
 
     async def conversation(self, job: Job, turns: int) -> list[Sample]:
@@ -115,7 +132,9 @@ class Client:
         for turn in range(turns):
             messages.append({"role": "user", "content": f"Turn {turn}: {job.prompt}"})
             pieces: list[str] = []
-            body = {"messages": messages, "max_tokens": job.max_tokens}
+            body: dict[str, Any] = {"messages": messages, "max_tokens": job.max_tokens}
+            if self.token_logprobs:
+                body["logprobs"] = True
             sample = await self._stream("/chat/completions", body, job.bucket,
                                         lambda c: (c.get("delta") or {}).get("content"), pieces)
             samples.append(sample)
@@ -131,6 +150,7 @@ class Client:
         if self.ignore_eos:
             body["ignore_eos"] = True
         sample = Sample(bucket)
+        usage: dict[str, int] | None = None
         start = last = time.perf_counter()
         try:
             async with self.http.stream("POST", path, json=body) as r:
@@ -145,31 +165,49 @@ class Client:
                         sample.error = str(chunk["error"])
                         return sample
                     if chunk.get("usage"):
-                        sample.prompt_tokens = chunk["usage"]["prompt_tokens"]
-                        sample.output_tokens = chunk["usage"]["completion_tokens"]
-                    text = "".join(text_of(c) or "" for c in chunk.get("choices", []))
-                    if not text:
+                        usage = chunk["usage"]
+                    choices = chunk.get("choices", [])
+                    text = "".join(text_of(c) or "" for c in choices)
+                    if pieces is not None:
+                        pieces.append(text)
+                    num_tokens = tokens_in(choices, text)
+                    if num_tokens is None:  # text but no logprob entries: count the chunk
+                        sample.itl_per, num_tokens = "chunk", 1
+                    if not num_tokens:
                         continue
                     now = time.perf_counter()
                     if sample.ttft is None:
                         sample.ttft = now - start
-                    else:
-                        sample.itl.append(now - last)
+                    else:  # NOTE: k tokens in this chunk: k inter-token gaps of gap/k
+                        sample.itl.extend([(now - last) / num_tokens] * num_tokens)
                     last = now
-                    if pieces is not None:
-                        pieces.append(text)
+                    sample.streamed_tokens += num_tokens
         except httpx.HTTPError as exc:
             sample.error = f"{type(exc).__name__}: {exc}"
             return sample
         sample.e2e = time.perf_counter() - start
+        if usage is not None:
+            sample.prompt_tokens, sample.output_tokens = usage["prompt_tokens"], usage["completion_tokens"]
+        else:
+            sample.counted_by = "logprobs" if sample.itl_per == "token" else "chunks"
+            sample.output_tokens = sample.streamed_tokens
         return sample
+
+
+def tokens_in(choices: list[dict[str, Any]], text: str) -> int | None:
+    """Tokens a chunk carries, from its per-token logprob entries (``logprobs.tokens`` of
+    completions, ``logprobs.content`` of chat); None when the chunk has text but no entries."""
+    entries = [c["logprobs"] for c in choices if c.get("logprobs")]
+    if not entries:
+        return None if text else 0
+    return sum(len(e.get("tokens") or e.get("content") or []) for e in entries)
 
 
 def workload(http: httpx.AsyncClient, model: str, args: argparse.Namespace, load: Workload,
              buckets: list[str], seed: int) -> tuple[Client, list[Job], int, int]:
     """A client (with its conversations' shared system prompt) and the jobs for ``seed``."""
     system = "You are a careful assistant. Background: " + words(random.Random(seed + 7), load.system_words)
-    client = Client(http, model, args.ignore_eos, system)
+    client = Client(http, model, args.ignore_eos, system, args.token_logprobs)
     return client, make_jobs(args.num_requests, load, seed, buckets), load.turns, seed
 
 
@@ -213,6 +251,8 @@ def summarize(samples: list[Sample], duration: float) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "duration_s": round(duration, 2), "num_requests": len(samples), "num_ok": len(ok),
         "errors": [s.error for s in samples if s.error is not None][:5],
+        "output_tokens_counted_by": sorted({s.counted_by for s in ok}),
+        "itl_per": sorted({s.itl_per for s in ok}),
         "request_throughput": round(len(ok) / duration, 3),
         "output_token_throughput": round(out_tokens / duration, 2),
         "total_token_throughput": round((out_tokens + sum(s.prompt_tokens for s in ok)) / duration, 2),
@@ -247,6 +287,8 @@ def print_summary(title: str, summary: dict[str, Any]) -> None:
         cells = [b[k][p] for k in ("ttft_ms", "itl_ms", "e2e_ms") for p in ("p50", "p95", "p99")]
         print(f"{bucket:<20}{b['count']:>4}{b['mean_prompt_tokens']:>7.0f}{b['mean_output_tokens']:>6.0f}"
               + "".join(f"{c if c is not None else '-':>13}" for c in cells))
+    print(f"output tokens counted by: {', '.join(summary['output_tokens_counted_by']) or '-'}; "
+          f"ITL per {', '.join(summary['itl_per']) or '-'}")
     for error in summary["errors"]:
         print("  error:", error)
 
@@ -298,6 +340,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--system-words", type=int, default=300)
     p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
                    help="send ignore_eos so output lengths are exact (an Arbor/vLLM/SGLang extension)")
+    p.add_argument("--token-logprobs", action=argparse.BooleanOptionalAction, default=True,
+                   help="ask for each chosen token's logprob, so every chunk says how many tokens "
+                        "it carries (off: ITL per chunk)")
     p.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
                    help="also send the same requests one at a time (the baseline)")
     p.add_argument("--seed", type=int, default=0)
@@ -315,7 +360,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=args.base_url.rstrip("/"), headers=headers,
                                  timeout=args.timeout, limits=limits) as http:
         model = args.model or (await http.get("/models")).json()["data"][0]["id"]
-        await Client(http, model, args.ignore_eos, "").completion(Job("warmup", "warm up", 2))
+        await Client(http, model, args.ignore_eos, "", args.token_logprobs).completion(Job("warmup", "warm up", 2))
         online, online_s = await run_jobs(*workload(http, model, args, load, buckets, args.seed), args.rate)
         baseline = None
         if args.baseline:  # NOTE: other words, so it gets no prefix-cache hits from the online run
