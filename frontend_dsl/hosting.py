@@ -30,7 +30,7 @@ import pydantic_core
 from frontend_dsl.engine_backend import EngineBackend
 from frontend_dsl.errors import ProgramError
 from frontend_dsl.state import ProgramState
-from runtime.outputs import RequestOutput
+from runtime.outputs import RequestOutput, final_output
 from runtime.server.hosting import (
     ArgumentProblem,
     GenerationDone,
@@ -153,12 +153,8 @@ class RunEngine:
 
     async def agenerate(self, prompt: str | None = None, sampling_params: Any = None, *,
                         input_ids: list[int] | None = None, request_id: str | None = None) -> RequestOutput:
-        last: RequestOutput | None = None
-        async for out in self.generate_stream(prompt, sampling_params, input_ids=input_ids,
-                                              request_id=request_id):
-            last = out
-        assert last is not None
-        return last
+        return await final_output(self.generate_stream(prompt, sampling_params, input_ids=input_ids,
+                                                       request_id=request_id))
 
     def cancel(self) -> None:
         """Abort every request of the run and refuse new ones. Thread-safe."""

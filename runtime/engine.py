@@ -35,7 +35,7 @@ from runtime.model.loader import eos_token_ids
 from runtime.model.runner import ModelRunner
 from runtime.output.processor import OutputProcessor
 from runtime.output.state import OutputCallback
-from runtime.outputs import RequestOutput
+from runtime.outputs import RequestOutput, final_output
 from runtime.request import Request
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.policy import make_policy
@@ -258,12 +258,8 @@ class Engine:
         request_id: str | None = None,
     ) -> RequestOutput:
         """The final output of one request, awaited."""
-        last: RequestOutput | None = None
-        async for out in self.generate_stream(prompt, sampling_params, input_ids=input_ids,
-                                              request_id=request_id):
-            last = out
-        assert last is not None
-        return last
+        return await final_output(self.generate_stream(prompt, sampling_params, input_ids=input_ids,
+                                                       request_id=request_id))
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         """Render ``messages`` with the model's chat template."""

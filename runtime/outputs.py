@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -51,3 +52,12 @@ class RequestOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+async def final_output(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
+    """The last (finished) output of a request's stream of outputs."""
+    last: RequestOutput | None = None
+    async for out in stream:
+        last = out
+    assert last is not None, "a request's stream ends with its final output"
+    return last
