@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,15 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()  # stop strings; the matched string is not in the output
     stop_token_ids: tuple[int, ...] = ()  # extra stop ids besides the model's EOS
+    stop_regex: tuple[str, ...] = ()  # stop when the output text matches; the match is cut
     ignore_eos: bool = False
+    min_tokens: int = 0  # EOS and stop ids are masked until this many tokens were generated
+    # OpenAI's penalties (subtracted from the logits of tokens already in the output:
+    # frequency x count, presence once) and the CTRL-style multiplicative one over prompt
+    # and output (logit / p if > 0 else logit * p). 0, 0 and 1 switch them off.
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     logprobs: bool = False  # logprob of each chosen token
     top_logprobs: int = 0  # also the k most likely tokens at each step
     prompt_logprobs: bool = False  # logprob of each prompt token given what precedes it
@@ -42,6 +51,10 @@ class SamplingParams:
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if isinstance(self.stop_regex, str):
+            object.__setattr__(self, "stop_regex", (self.stop_regex,))
+        else:
+            object.__setattr__(self, "stop_regex", tuple(self.stop_regex))
         self._validate()
 
     def _validate(self) -> None:
@@ -68,6 +81,27 @@ class SamplingParams:
             raise bad(f"seed must be an integer or None, got {self.seed!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop strings must be non-empty strings")
+        if any(not isinstance(s, str) or not s for s in self.stop_regex):
+            raise bad("stop_regex patterns must be non-empty strings")
+        for pattern in self.stop_regex:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise bad(f"stop_regex {pattern!r} is not a valid regular expression: {e}") from None
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            raise bad(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        if self.min_tokens > self.max_new_tokens:
+            raise bad(f"min_tokens ({self.min_tokens}) must not exceed max_new_tokens ({self.max_new_tokens})")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise bad(f"{name} must be in [-2, 2], got {getattr(self, name)!r}")
+        if not self.repetition_penalty > 0.0:
+            raise bad(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty!r}")
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any of the three penalties is on."""
+        return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0)
 
     @property
     def greedy(self) -> bool:
