@@ -9,7 +9,7 @@ from fastapi import Request
 from runtime.errors import InvalidRequestError
 from runtime.outputs import RequestOutput
 from runtime.server.engine_constraints import check_info
-from runtime.server.openai_common import Endpoint, Job, response_constraint, token_text, usage
+from runtime.server.openai_common import Endpoint, Job, output_constraint, token_text, usage
 from runtime.server.protocol import (
     CompletionChoice,
     CompletionLogprobs,
@@ -29,7 +29,7 @@ class CompletionEndpoint(Endpoint):
         if body.echo or (body.best_of or 1) > 1 or body.suffix:
             raise InvalidRequestError("echo, best_of and suffix are not supported")
         self.prompts = self._prompt_ids(body.prompt)
-        constraint = response_constraint(body.response_format, body.json_bounds)
+        constraint = output_constraint(body, body.response_format)
         k = body.logprobs or 0
         self.jobs: list[Job] = [
             (ids, self.params(len(ids), i * body.n + j, body.max_tokens, constraint,

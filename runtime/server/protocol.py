@@ -27,8 +27,7 @@ class Lenient(BaseModel):
     fall under this rule: ``user`` (an end-user id for the provider's abuse monitoring),
     ``parallel_tool_calls`` (an answer holds at most one tool call, which both values
     allow), ``store``, ``metadata``, ``service_tier``. Fields that would change the output
-    and are not supported are declared and refused with a 400 (``presence_penalty``,
-    ``logit_bias``, ``echo``...).
+    and are not supported are declared and refused with a 400 (``logit_bias``, ``echo``...).
     """
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
@@ -73,7 +72,12 @@ class NativeSamplingParams(Strict):
     seed: int | None = None
     stop: str | list[str] = Field(default_factory=list)
     stop_token_ids: list[int] = Field(default_factory=list)
+    stop_regex: str | list[str] = Field(default_factory=list)
     ignore_eos: bool = False
+    min_tokens: int = 0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     logprobs: bool = False
     top_logprobs: int = 0
     prompt_logprobs: bool = False
@@ -215,11 +219,17 @@ class SamplingExtras(Lenient):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
-    # extensions
+    # extensions (vLLM / SGLang names)
     top_k: int = 0
     min_p: float = 0.0
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
+    stop_regex: str | list[str] | None = None
+    min_tokens: int = 0
+    repetition_penalty: float = 1.0
+    regex: str | None = None  # SGLang: the output matches this regular expression
+    guided_regex: str | None = None  # vLLM's name for the same
+    guided_choice: list[str] | None = Field(default=None, min_length=1)  # vLLM: one of these strings
     timeout: float | None = Field(default=None, gt=0)
     json_bounds: bool = True  # false: no bounds on number literals in JSON outputs
 

@@ -152,9 +152,39 @@ def test_tool_call_parsing_and_schema() -> None:
     assert schema["required"] == ["name", "arguments"]
 
 
+def test_penalties_and_vllm_extensions_reach_the_engine(client: openai.OpenAI, engine: Any) -> None:
+    """presence/frequency_penalty (OpenAI) and the extra-body fields vLLM and SGLang
+    accept: repetition_penalty, min_tokens, stop_token_ids, ignore_eos, stop_regex."""
+    extra: dict[str, Any] = {"repetition_penalty": 1.3, "min_tokens": 4, "ignore_eos": True}
+    got = client.completions.create(model="m", prompt=PROMPT, max_tokens=10, temperature=0,
+                                    frequency_penalty=1.2, presence_penalty=0.4, extra_body=extra)
+    want = engine_text(engine, PROMPT, 10, frequency_penalty=1.2, presence_penalty=0.4, **extra)
+    assert got.choices[0].text == want.text
+    assert want.token_ids != engine_text(engine, PROMPT, 10, ignore_eos=True).token_ids  # penalties acted
+    stop_id = want.token_ids[2]
+    chat = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=8, temperature=0,
+                                          presence_penalty=1.0, extra_body={"stop_token_ids": [stop_id]})
+    want_chat = engine_text(engine, engine.apply_chat_template(MESSAGES), 8, presence_penalty=1.0,
+                            stop_token_ids=[stop_id])
+    assert chat.choices[0].message.content == want_chat.text
+    cut = client.completions.create(model="m", prompt=PROMPT, max_tokens=10, temperature=0, extra_body={
+        "stop_regex": "[A-Za-z]{3}", "ignore_eos": True})
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].text == engine_text(engine, PROMPT, 10, stop_regex=["[A-Za-z]{3}"], ignore_eos=True).text
+
+
+def test_regex_and_choice_extensions(client: openai.OpenAI) -> None:
+    got = client.completions.create(model="m", prompt=PROMPT, max_tokens=8, temperature=0,
+                                    extra_body={"regex": "[0-9]{3}"})
+    assert got.choices[0].text.isdigit() and len(got.choices[0].text) == 3
+    got = client.completions.create(model="m", prompt=PROMPT, max_tokens=8, temperature=0,
+                                    extra_body={"guided_choice": ["Paris", "Lyon"]})
+    assert got.choices[0].text in {"Paris", "Lyon"}
+
+
 def test_unsupported_options_are_refused(client: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError, match="presence_penalty"):
-        client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=2, presence_penalty=0.5)
+    with pytest.raises(openai.BadRequestError, match="logit_bias"):
+        client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=2, logit_bias={"5": 1.0})
     with pytest.raises(openai.BadRequestError, match="not in tools"):
         client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=2, tools=[WEATHER_TOOL],
                                        tool_choice={"type": "function", "function": {"name": "nope"}})
