@@ -256,7 +256,8 @@ class CompletionRequest(SamplingExtras):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(default=16, ge=0)
     logprobs: int | None = Field(default=None, ge=0, le=20)
-    echo: bool = False
+    echo: bool = False  # the prompt before the completion (with its logprobs when asked)
+    return_tokens_as_token_ids: bool = False  # vLLM: logprobs tokens as "token_id:<id>"
     best_of: int | None = None
     suffix: str | None = None
     response_format: ResponseFormat | None = None  # extension (as in vLLM)
@@ -328,7 +329,7 @@ class Usage(BaseModel):
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
     token_logprobs: list[float | None]
-    top_logprobs: list[dict[str, float]] | None
+    top_logprobs: list[dict[str, float] | None] | None  # None: the first echoed prompt token
     text_offset: list[int]
 
 

@@ -173,6 +173,22 @@ def test_penalties_and_vllm_extensions_reach_the_engine(client: openai.OpenAI, e
     assert cut.choices[0].text == engine_text(engine, PROMPT, 10, stop_regex=["[A-Za-z]{3}"], ignore_eos=True).text
 
 
+def test_echo_scores_the_prompt_like_the_native_api(client: openai.OpenAI, engine: Any) -> None:
+    """echo + logprobs + max_tokens=0: the legacy way to score text (what OpenAIBackend's
+    select uses), equal to the engine's prompt logprobs."""
+    ids = engine.tokenizer(PROMPT)["input_ids"]
+    got = client.completions.create(model="m", prompt=ids, max_tokens=0, echo=True, logprobs=0,
+                                    extra_body={"return_tokens_as_token_ids": True})
+    lp = got.choices[0].logprobs
+    assert got.choices[0].text == engine.tokenizer.decode(ids)
+    assert lp is not None and lp.tokens == [f"token_id:{t}" for t in ids]
+    want = engine.generate(input_ids=ids, sampling_params=SamplingParams(max_new_tokens=0, prompt_logprobs=True))[0]
+    assert lp.token_logprobs == want.prompt_logprobs and lp.token_logprobs[0] is None
+    more = client.completions.create(model="m", prompt=PROMPT, max_tokens=3, temperature=0, echo=True, logprobs=1)
+    assert more.choices[0].text == PROMPT + engine_text(engine, PROMPT, 3).text
+    assert more.choices[0].logprobs is not None and len(more.choices[0].logprobs.tokens or []) == len(ids) + 3
+
+
 def test_regex_and_choice_extensions(client: openai.OpenAI) -> None:
     got = client.completions.create(model="m", prompt=PROMPT, max_tokens=8, temperature=0,
                                     extra_body={"regex": "[0-9]{3}"})
