@@ -14,8 +14,8 @@ submits them at once (``tracer.py``, ``executor.py``); only reads (``s["x"]``,
 ends it at the first read of a generated value. Token ids grow by the boundary rule of
 ``tokens.py``; roles are cut from the chat template (``roles.py``). The model is reached
 only through a ``Backend`` (``backend.py``; ``default_backend.py`` picks a run's):
-``EngineBackend`` (in-process), ``RuntimeEndpoint(url)`` (a remote ``arbor serve``) or
-``FakeBackend`` (tests). A ``Program`` is also what ``arbor serve --programs`` hosts: it
+``EngineBackend`` (in-process), ``RuntimeEndpoint(url)`` (a remote ``arbor serve``),
+``OpenAIBackend(base_url, model)`` (any OpenAI-compatible server) or ``FakeBackend`` (tests). A ``Program`` is also what ``arbor serve --programs`` hosts: it
 satisfies the server's hosting protocol (``hosting.py``).
 """
 
@@ -44,9 +44,14 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    # RuntimeEndpoint pulls in the HTTP client stack; import it only when asked for.
+    # RuntimeEndpoint and OpenAIBackend pull in the HTTP client stack; import them only
+    # when asked for.
     if name == "RuntimeEndpoint":
         from frontend_dsl.runtime_endpoint import RuntimeEndpoint
 
         return RuntimeEndpoint
+    if name == "OpenAIBackend":
+        from frontend_dsl.openai_backend import OpenAIBackend
+
+        return OpenAIBackend
     raise AttributeError(f"module 'frontend_dsl' has no attribute {name!r}")
