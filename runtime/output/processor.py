@@ -12,8 +12,7 @@ the only writer of a request's ``output_ids`` and ``finish_reason``. In the engi
   penalties need are kept here, updated as tokens are appended). Nothing
   reaches a request yet, so the scheduler can commit the KV first;
 - ``emit`` appends each token (stop ids, stop strings, stop regexes, grammar end, length)
-  and sends an
-  incremental ``RequestOutput`` to the request's callback;
+  and sends an incremental ``RequestOutput`` to the request's callback;
 - ``finish`` ends a request for any reason: ``release`` (given by the engine) takes it
   out of the scheduler, then the final output goes out, with a constrained output's
   ``constraint_check`` (``CheckedGrammar.check``). A request is finished once.
