@@ -12,6 +12,10 @@ repetition penalty first, as vLLM and HF order them):
 - ``min_tokens`` ``m``: while fewer than ``m`` tokens were generated, EOS and the stop
   ids get ``-inf``.
 
+Logprobs returned to the caller are of the adjusted distribution (as they are of the
+grammar-masked one). Speculative verification adjusts each row as if the drafts before it
+were appended (``TokenHistory.with_pending``), so drafts stay exact.
+
 Cost: the counts are kept incrementally as arrays (``TokenHistory.add`` per appended
 token, owned by the output processor), so a step costs O(distinct tokens of the penalized
 rows) in a few vectorised ops, never O(output length) in Python or O(batch x vocab):
