@@ -156,7 +156,7 @@ class OutputProcessor:
         tracked = [self._tracked[rid] for rid in result.sample_ids]
         reqs = [t.request for t in tracked]
         dead = set(mask_logits(result.logits, [t.matcher for t in tracked]))
-        dead |= self._adjust_logits(result.logits, tracked)
+        self._adjust_logits(result.logits, tracked)
         out = sample(result.logits, [r.params for r in reqs], [t.seed for t in tracked],
                      [len(r.output_ids) for r in reqs])
         new = []
@@ -168,16 +168,13 @@ class OutputProcessor:
             new.append(NewTokens(req, [] if ends else [out.token_ids[i]], chosen, top, verified=False))
         return new
 
-    def _adjust_logits(self, logits: torch.Tensor, tracked: list[TrackedRequest]) -> set[int]:
-        """Penalties and ``min_tokens`` on the sampled rows, in place; returns the rows
-        left with no allowed token (a grammar that may only end before ``min_tokens``)."""
+    def _adjust_logits(self, logits: torch.Tensor, tracked: list[TrackedRequest]) -> None:
+        """Penalties and ``min_tokens`` on the sampled rows, in place."""
         if any(t.history is not None for t in tracked):
             apply_penalties(logits, [t.request.params for t in tracked], [t.history for t in tracked])
         short = [i for i, t in enumerate(tracked) if len(t.request.output_ids) < t.request.params.min_tokens]
-        if not short:
-            return set()
-        suppress_stop_ids(logits, short, [sorted(self._stop_ids(tracked[i])) for i in short])
-        return {short[j] for j in torch.isneginf(logits[short]).all(dim=-1).nonzero().flatten().tolist()}
+        if short:
+            suppress_stop_ids(logits, short, [sorted(self._stop_ids(tracked[i])) for i in short])
 
     def _stop_ids(self, t: TrackedRequest) -> set[int]:
         """The ids that end this request when sampled."""

@@ -10,7 +10,8 @@ repetition penalty first, as vLLM and HF order them):
 - ``frequency_penalty`` ``f`` and ``presence_penalty`` ``r`` (OpenAI): every token that
   occurs ``c > 0`` times in the *output* gets ``logit - c * f - r``.
 - ``min_tokens`` ``m``: while fewer than ``m`` tokens were generated, EOS and the stop
-  ids get ``-inf``.
+  ids get ``-inf``. Under a grammar this keeps the output going where the grammar could
+  end, but a grammar that has ended (nothing but a stop id can follow) ends the output.
 
 Logprobs returned to the caller are of the adjusted distribution (as they are of the
 grammar-masked one). Speculative verification adjusts each row as if the drafts before it
@@ -144,8 +145,12 @@ def suppress_stop_ids(
     rows: Sequence[int],
     stop_ids: Sequence[Sequence[int]],  # per listed row: the ids that would end it
 ) -> None:
-    """``-inf`` on each listed row's stop ids (``min_tokens`` not reached yet)."""
-    pairs = [(r, t) for r, ids in zip(rows, stop_ids, strict=True) for t in ids]
-    if pairs:
-        r, t = zip(*pairs, strict=True)
-        logits[torch.tensor(r), torch.tensor(t)] = float("-inf")
+    """``-inf`` on each listed row's stop ids (``min_tokens`` not reached yet), except in a
+    row where nothing else is allowed (its grammar has ended: min_tokens never outlasts it)."""
+    for row, ids in zip(rows, stop_ids, strict=True):
+        if not ids:
+            continue
+        index = torch.tensor(ids)
+        allowed = ~torch.isneginf(logits[row])
+        if int(allowed.sum()) > int(allowed[index].sum()):
+            logits[row, index] = float("-inf")

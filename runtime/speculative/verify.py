@@ -54,8 +54,6 @@ def verify_drafts(
             apply_penalties(row, [params], [history], pending=[out])
         if position + i < params.min_tokens:
             suppress_stop_ids(row, [0], [sorted(stop_ids)])
-            if bool(torch.isneginf(row).all()):
-                return out, i
         token = sample(row, [params], [seed], [position + i]).token_ids[0]
         draft = drafts[i] if i < len(drafts) else None
         out.append(token)

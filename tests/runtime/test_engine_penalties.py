@@ -5,6 +5,7 @@ tests/runtime/speculative)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -82,5 +83,22 @@ def test_min_tokens_and_stop_regex_in_the_engine(engine: Engine) -> None:
     assert len(out.token_ids) >= 5 and first not in out.token_ids[:5] and eos not in out.token_ids
     text = base.text
     cut = engine.generate(input_ids=[PROMPTS[1]], sampling_params=SamplingParams(
-        max_new_tokens=12, temperature=0.0, ignore_eos=True, stop_regex=[__import__("re").escape(text[3:6])]))[0]
+        max_new_tokens=12, temperature=0.0, ignore_eos=True, stop_regex=[re.escape(text[3:6])]))[0]
     assert cut.finish_reason == "stop" and cut.text == text[: text.find(text[3:6])]
+
+
+def test_penalties_and_min_tokens_compose_with_a_grammar(engine: Engine) -> None:
+    import grammars
+
+    digits = grammars.RegexConstraint("[0-9]{8}")
+    out = engine.generate(input_ids=[PROMPTS[1]], sampling_params=SamplingParams(
+        max_new_tokens=12, temperature=0.0, constraint=digits, frequency_penalty=2.0, presence_penalty=2.0))[0]
+    assert re.fullmatch("[0-9]{8}", out.text) and out.finish_reason == "stop"
+    # min_tokens masks EOS where the grammar could end, so the output goes on...
+    longer = engine.generate(input_ids=[PROMPTS[1]], sampling_params=SamplingParams(
+        max_new_tokens=12, temperature=0.0, constraint=grammars.RegexConstraint("[0-9]+"), min_tokens=6))[0]
+    assert re.fullmatch("[0-9]+", longer.text) and len(longer.token_ids) >= 6
+    # ...but never past the grammar's end: a finished grammar ends the output.
+    short = engine.generate(input_ids=[PROMPTS[1]], sampling_params=SamplingParams(
+        max_new_tokens=12, temperature=0.0, constraint=grammars.ChoiceConstraint(("7",)), min_tokens=5))[0]
+    assert (short.text, short.finish_reason) == ("7", "stop")

@@ -87,3 +87,11 @@ def test_suppress_stop_ids() -> None:
     logits = torch.zeros(3, VOCAB)
     suppress_stop_ids(logits, [0, 2], [[2, 5], [2]])
     assert torch.isneginf(logits).nonzero().tolist() == [[0, 2], [0, 5], [2, 2]]
+
+
+def test_suppress_stop_ids_leaves_an_ended_grammar_alone() -> None:
+    """A grammar that allows nothing but a stop id has ended; min_tokens does not outlast it."""
+    logits = torch.full((1, VOCAB), float("-inf"))
+    logits[0, 2] = 1.0
+    suppress_stop_ids(logits, [0], [[2, 5]])
+    assert logits[0, 2] == 1.0
