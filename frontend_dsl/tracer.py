@@ -120,7 +120,8 @@ class Session:
     def _add_gen(self, stream_id: int, item: Gen) -> None:
         if item.n > 1:
             self._add_gen_n(stream_id, item)
-        elif not item.tools:
+            return
+        if not item.tools:
             node = self._add("gen", stream_id, {"name": item.name, **item.params.describe()}, item)
         else:
             constraint = OutputConstraint("json_schema", call_schema(item.tools))
