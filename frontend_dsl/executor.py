@@ -235,6 +235,7 @@ def _fail_if_pending(node: Node) -> None:
 def _gen_meta(final: GenChunk, prompt_len: int) -> dict[str, Any]:
     """``prompt_len``: the state's token count when the generation was sent."""
     meta: dict[str, Any] = {"finish_reason": final.finish_reason, "num_output_tokens": len(final.token_ids),
+            "output_ids": list(final.token_ids),
             "num_cached_tokens": final.num_cached_tokens, "logprobs": final.logprobs,
             "prompt_len": prompt_len, "constraint_check": final.constraint_check}
     if final.top_logprobs is not None:

@@ -44,6 +44,8 @@ ProgramFn = Callable[..., Any]
 class Program:
     """A function whose first parameter is the program state ``s``."""
 
+    state_class: type[ProgramState] = ProgramState  # what ``s`` is (``sgl`` uses its own)
+
     def __init__(self, fn: ProgramFn) -> None:
         params = list(inspect.signature(fn).parameters)
         if not params:
@@ -83,7 +85,7 @@ class Program:
         session = self._session(resolve_backend(backend), defaults, streamed=stream)
         if not stream:
             return self._execute(session, kwargs)
-        state = ProgramState(session)
+        state = self.state_class(session)
         threading.Thread(target=self._execute_streamed, args=(session, kwargs),
                          name=f"arbor-run-{self.name}", daemon=True).start()
         return state
@@ -113,10 +115,10 @@ class Program:
 
     def _execute(self, session: Session, kwargs: dict[str, Any]) -> ProgramState:
         """Run the body on ``session`` and wait for every node; the one place a run ends."""
-        state = ProgramState(session)
+        state = self.state_class(session)
         try:
             try:
-                self.fn(state, **kwargs)
+                session.return_value = self.fn(state, **kwargs)
             except Exception as exc:
                 session.cancel()
                 session.wait_all()
@@ -217,7 +219,7 @@ class Program:
         backend, example_args, defaults = self._bind(args, backend, example_args)
         session = Session(self.name, resolve_backend(backend), executor=None, defaults=defaults)
         with contextlib.suppress(TraceStop):
-            self.fn(ProgramState(session), **example_args)
+            self.fn(self.state_class(session), **example_args)
         return session.graph
 
     # ---- hosted by a server: runtime.server.hosting.HostedProgram ----

@@ -156,7 +156,7 @@ class ProgramState:
         """``n`` branches that start from this state's current contents (sharing its
         token ids, hence its prefix-cache entries) and run concurrently."""
         ids = self._session.fork(self._stream_id, n)
-        return Branches(self, [ProgramState(self._session, b) for b in ids])
+        return Branches(self, [type(self)(self._session, b) for b in ids])
 
     def copy(self) -> ProgramState:
         """An independent state that starts from this one's contents (a fork of one)."""

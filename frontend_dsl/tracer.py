@@ -69,6 +69,7 @@ class Session:
         self.executor = executor
         self.defaults = dict(defaults or {})  # the run's sampling settings for every gen
         self.text_log: TextLog | None = None  # set for a streamed run (``text_iter``)
+        self.return_value: Any = None  # what the program's body returned
         self._finished = threading.Event()
         self._run_error: BaseException | None = None
         self._streams: dict[int, _Stream] = {0: _Stream()}
