@@ -95,10 +95,12 @@ class Program:
         """Split a call into (backend, the program's keyword arguments, run defaults)."""
         if args and backend is None and _is_backend(args[0]):
             backend, args = args[0], args[1:]
-        if len(args) > len(self.arg_names):
-            raise ProgramDefinitionError(f"{self.name} takes {len(self.arg_names)} arguments, "
+        params = list(inspect.signature(self.fn).parameters.values())[1:]
+        positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if len(args) > len(positional):
+            raise ProgramDefinitionError(f"{self.name} takes {len(positional)} arguments, "
                                          f"got {len(args)} positional")
-        bound = dict(zip(self.arg_names, args, strict=False))
+        bound = dict(zip(positional, args, strict=False))
         if twice := bound.keys() & kwargs.keys():
             raise ProgramDefinitionError(f"{self.name} got {sorted(twice)} twice")
         defaults = {k: kwargs.pop(k) for k in list(kwargs)

@@ -298,3 +298,16 @@ def test_set_default_backend(tiny_engine: Any) -> None:
         import frontend_dsl.default_backend as default_backend
 
         default_backend._default_backend = None
+
+
+@pytest.mark.slow
+def test_sglang_programs_on_the_default_model(default_engine: Any) -> None:
+    import re
+
+    assert few_shot_qa.run(default_engine, "What is the capital of Italy?")["answer"] == " Rome"
+    assert re.fullmatch(IP_REGEX, regex_gen.run(backend=default_engine)["answer"])
+    value = json.loads(json_extract.run("yes, 4", backend=default_engine)["json_output"])
+    assert value == {"answer": "yes", "digit": 4}
+    state = multi_turn_question.run("What is the capital of France?", "And of Spain?",
+                                    backend=default_engine, temperature=0, max_new_tokens=16)
+    assert "Paris" in state["answer_1"]
