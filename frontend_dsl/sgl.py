@@ -263,6 +263,12 @@ class SglState(ProgramState):
                 out[key] = meta[key]
         return out
 
+    def get_var(self, name: str) -> Any:
+        return self[name]
+
+    def set_var(self, name: str, value: Any) -> None:
+        self[name] = value
+
     def sync(self) -> SglState:
         """Wait for the run to finish (SGLang's ``state.sync()``)."""
         self.wait()

@@ -44,12 +44,24 @@ def _direct(engine: Any, **settings: Any) -> Any:
     return engine.generate(input_ids=ids, sampling_params=SamplingParams(temperature=0, **settings))[0]
 
 
-def _dsl(engine: Any, **settings: Any) -> Any:
+def _dsl(backend: Any, **settings: Any) -> Any:
     @program
     def p(s: Any) -> None:
         s += PROMPT + gen("x", temperature=0, **settings)
 
-    return p.run(engine)
+    return p.run(backend)
+
+
+def test_penalties_over_runtime_endpoint_match_the_engine(engine: Any, endpoint: Any) -> None:
+    from runtime.server.protocol import NativeSamplingParams
+
+    if "frequency_penalty" not in NativeSamplingParams.model_fields:
+        pytest.skip("the native API takes penalties once branch `sampling` is merged")
+    settings = {"max_tokens": 10, "ignore_eos": True, "frequency_penalty": 1.0, "repetition_penalty": 1.3,
+                "min_tokens": 2, "stop_regex": "zzz"}
+    remote = _dsl(endpoint, **settings)
+    local = _dsl(engine, **settings)
+    assert remote["x"] == local["x"] and remote.token_ids() == local.token_ids()
 
 
 @pytest.mark.parametrize("settings", [

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,23 +13,10 @@ import pytest
 import frontend_dsl.sgl as sgl
 from frontend_dsl.errors import UnsupportedFeatureError
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime" / "server"))
-
 IP_REGEX = r"((25[0-5]|2[0-4]\d|[01]?\d\d?)\.){3}(25[0-5]|2[0-4]\d|[01]?\d\d?)"
 SCHEMA = json.dumps({"type": "object", "properties": {
     "answer": {"enum": ["yes", "no"]}, "digit": {"type": "integer", "minimum": 0, "maximum": 9}},
     "required": ["answer", "digit"], "additionalProperties": False})
-
-
-@pytest.fixture(scope="module")
-def endpoint(tiny_engine: Any) -> Iterator[Any]:
-    """``sgl.RuntimeEndpoint`` on a live server over the tiny engine."""
-    from server_helpers import LiveServer
-
-    from runtime.server import create_app
-
-    with LiveServer(create_app(tiny_engine)) as live:
-        yield sgl.RuntimeEndpoint(live.url)
 
 
 @pytest.fixture(params=["engine", "endpoint"])
