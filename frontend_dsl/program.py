@@ -1,9 +1,12 @@
 """``@program``: a Python function over a state, run, batched, streamed or traced.
 
 Every call builds a fresh ``Session``. ``run`` executes the body in the calling thread
+(``stream=True``: in a thread of its own, the state returned at once for ``text_iter``)
 while the nodes it adds run on the DSL loop; the run ends when the body has returned and
-every node has finished. A failed node or an exception in the body surfaces as one
-``ProgramError`` whose ``state`` holds the partial result.
+every node has finished (``_execute``, the one place a run ends). A failed node or an
+exception in the body surfaces as one ``ProgramError`` whose ``state`` holds the partial
+result. Sampling settings passed to ``run`` / ``run_batch`` are the run's defaults, which
+every ``gen`` that leaves them unset inherits (``primitives.with_defaults``).
 
 A ``Program`` is also what ``arbor serve --programs`` hosts: it satisfies the server's
 ``runtime.server.hosting.HostedProgram`` through ``frontend_dsl.hosting.ProgramHost``.

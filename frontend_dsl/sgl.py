@@ -23,6 +23,7 @@ naming them.
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 from abc import ABC, abstractmethod
@@ -31,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from frontend_dsl.default_backend import set_default_backend
-from frontend_dsl.errors import ProgramDefinitionError, UnsupportedFeatureError
+from frontend_dsl.errors import ProgramDefinitionError, ProgramError, UnsupportedFeatureError
 from frontend_dsl.primitives import (
     Expr,
     Gen,
@@ -50,7 +51,8 @@ from frontend_dsl.roles import Role
 from frontend_dsl.state import ProgramState
 
 __all__ = [
-    "ChoicesDecision", "ChoicesSamplingMethod", "Engine", "Runtime", "RuntimeEndpoint",
+    "ChoicesDecision", "ChoicesSamplingMethod", "Engine", "ProgramDefinitionError", "ProgramError",
+    "UnsupportedFeatureError", "Runtime", "RuntimeEndpoint",
     "assistant", "assistant_begin", "assistant_end", "function", "gen", "gen_int", "gen_string",
     "greedy_token_selection", "image", "select", "separate_reasoning", "set_default_backend",
     "system", "system_begin", "system_end", "token_length_normalized",
@@ -300,6 +302,14 @@ class SglFunction(Program):
         state = super().run(*args, backend=backend, stream=stream, **kwargs)
         assert isinstance(state, SglState)
         return state
+
+    def bind(self, **kwargs: Any) -> SglFunction:
+        """The function with some arguments fixed (SGLang's ``bind``)."""
+        if unknown := kwargs.keys() - set(self.arg_names):
+            raise ProgramDefinitionError(f"{self.name} has no parameters {sorted(unknown)}")
+        fn = functools.partial(self.fn, **kwargs)
+        fn.__name__ = self.name  # type: ignore[attr-defined]
+        return SglFunction(fn)
 
     def run_batch(self, batch_kwargs: Sequence[Any], *args: Any, **kwargs: Any) -> list[Any]:
         kwargs.pop("use_thread", None)

@@ -264,6 +264,13 @@ def test_same_greedy_results_in_process_and_over_http(tiny_engine: Any, endpoint
         assert local.text() == remote.text(), fn.name
 
 
+def test_bind_fixes_arguments(backend: Any) -> None:
+    italy = few_shot_qa.bind(question="Capital of Italy?")
+    assert italy.run(backend=backend).text() == few_shot_qa.run("Capital of Italy?", backend=backend).text()
+    with pytest.raises(sgl.ProgramDefinitionError, match="no parameters"):
+        few_shot_qa.bind(topic="x")
+
+
 def test_unmappable_features_name_themselves() -> None:
     for call, name in [(lambda: sgl.image("cat.png"), "sgl.image"), (lambda: sgl.video("v.mp4", 4), "sgl.video"),
                        (lambda: sgl.Runtime(model_path="x"), "sgl.Runtime"),
