@@ -166,6 +166,7 @@ class Executor:
         data.append_text(observation, self.backend)
         self._emit(node.stream_id, observation)
         data.set_variable(spec.name, call, _gen_meta(final, prompt_len))
+        self._emit(node.stream_id, "", spec.name, final=True)
         return call
 
     async def _select(self, node: Node) -> str:
