@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ from frontend_dsl.errors import GenerationError, ProgramCancelledError
 from frontend_dsl.graph import Node
 from frontend_dsl.output_constraint import parse_output
 from frontend_dsl.primitives import Gen, Select
+from frontend_dsl.run_trace import RunRecorder
 from frontend_dsl.stream_data import StreamData
 from frontend_dsl.tokens import plan_append
 from frontend_dsl.tools import execute_call
@@ -53,6 +55,7 @@ class Executor:
         self.streams: dict[int, StreamData] = {0: StreamData()}
         self._on_text = on_text
         self._tasks: set[asyncio.Task[None]] = set()
+        self.recorder = RunRecorder()  # node timings and costs: the run's trace (run_trace.py)
         self._handlers: dict[str, Callable[[Node], Awaitable[Any]]] = {
             "text": self._text, "gen": self._gen, "select": self._select,
             "fork": self._fork, "join": self._join, "tool_call": self._tool_call,
@@ -74,10 +77,19 @@ class Executor:
         try:
             for dep in deps:
                 await asyncio.wrap_future(dep.done)
+            self.recorder.start(node)
             result = await self._handlers[node.kind](node)
         except asyncio.CancelledError:
-            node.done.set_exception(ProgramCancelledError(f"node {node.id} cancelled"))
+            self._finish(node, exc=ProgramCancelledError(f"node {node.id} cancelled"))
         except Exception as exc:  # noqa: BLE001 - recorded on the node, surfaced to readers
+            self._finish(node, exc=exc)
+        else:
+            self._finish(node, result=result)
+
+    def _finish(self, node: Node, result: Any = None, exc: BaseException | None = None) -> None:
+        if node.id in self.recorder.records:  # it started
+            self.recorder.end(node, exc)
+        if exc is not None:
             node.done.set_exception(exc)
         else:
             node.done.set_result(result)
@@ -104,9 +116,11 @@ class Executor:
         data = self.streams[node.stream_id]
         prompt_len = len(data.ids)
         final = await self._generate(node.stream_id, data, spec)
+        meta = _gen_meta(final, prompt_len)
+        self.recorder.generated(node, meta)
         cut_at = spec.params.max_tokens if final.finish_reason == "length" else None
         value = parse_output(final.text, spec.params.constraint, cut_at, final.constraint_check)
-        data.set_variable(spec.name, value, _gen_meta(final, prompt_len))
+        data.set_variable(spec.name, value, meta)
         return value
 
     async def _generate(self, stream_id: int, data: StreamData, spec: Gen) -> GenChunk:
@@ -124,11 +138,15 @@ class Executor:
         data = self.streams[node.stream_id]
         prompt_len = len(data.ids)
         final = await self._generate(node.stream_id, data, spec)
+        meta = _gen_meta(final, prompt_len)
+        self.recorder.generated(node, meta)
+        started = time.perf_counter()
         call = await execute_call(final.text, spec.tools)
+        self.recorder.tool_called(node, call.name, started, time.perf_counter(), call.error)
         observation = spec.tool_result_prefix + call.observation()
         data.append_text(observation, self.backend)
         self._emit(node.stream_id, observation)
-        data.set_variable(spec.name, call, _gen_meta(final, prompt_len))
+        data.set_variable(spec.name, call, meta)
         return call
 
     async def _select(self, node: Node) -> str:
@@ -196,4 +214,6 @@ def _gen_meta(final: GenChunk, prompt_len: int) -> dict[str, Any]:
     """``prompt_len``: the state's token count when the generation was sent."""
     return {"finish_reason": final.finish_reason, "num_output_tokens": len(final.token_ids),
             "num_cached_tokens": final.num_cached_tokens, "logprobs": final.logprobs,
-            "prompt_len": prompt_len, "constraint_check": final.constraint_check}
+            "prompt_len": prompt_len, "constraint_check": final.constraint_check,
+            "num_draft_tokens": final.num_draft_tokens, "num_accepted_tokens": final.num_accepted_tokens,
+            "num_forced_tokens": final.num_forced_tokens}

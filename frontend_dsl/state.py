@@ -14,6 +14,7 @@ from typing import Any
 from frontend_dsl.errors import ProgramDefinitionError, ProgramError, TraceStop
 from frontend_dsl.graph import Graph
 from frontend_dsl.primitives import Expr
+from frontend_dsl.run_trace import RunTrace
 from frontend_dsl.tracer import Session
 
 
@@ -75,6 +76,13 @@ class ProgramState:
     def graph(self) -> Graph:
         """The request graph of this run, as executed so far."""
         return self._session.graph
+
+    def run_trace(self) -> RunTrace:
+        """The run's trace so far: node timings, token counts, tool calls
+        (``frontend_dsl.run_trace``); complete once the run has returned."""
+        if self._session.executor is None:
+            raise ProgramDefinitionError("a traced (never run) graph has no run trace")
+        return RunTrace.build(self._session.graph, self._session.executor.recorder)
 
     @contextmanager
     def role(self, role: str) -> Iterator[ProgramState]:
