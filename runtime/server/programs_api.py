@@ -36,6 +36,7 @@ from runtime.server.hosting import (
 from runtime.server.protocol import ProgramInfo, ProgramResult, ProgramsResponse, Strict
 from runtime.server.serving import Admission, RequestTimeoutError, ServerContext, until_disconnect
 from runtime.server.sse import SSE_DONE, EventStreamResponse, sse
+from runtime.server.tenant import current_tenant
 
 GenerationListener = Callable[[GenerationDone], None]
 
@@ -44,6 +45,7 @@ class ProgramRunRequest(Strict):
     arguments: dict[str, Any] = pydantic.Field(default_factory=dict)
     stream: bool = False
     timeout: float | None = pydantic.Field(default=None, gt=0)
+    trace: bool = False  # include the run's trace in the result
 
 
 def build_router(ctx: ServerContext) -> APIRouter:
@@ -66,7 +68,7 @@ def build_router(ctx: ServerContext) -> APIRouter:
         args = _validate(program, body.arguments)
         timeout = ctx.limits.program_timeout_s if body.timeout is None else min(
             body.timeout, ctx.limits.program_timeout_s or body.timeout)
-        run = _Run(ctx, program, args, timeout)
+        run = _Run(ctx, program, args, timeout, body.trace)
         if body.stream:
             return await _stream_run(run)
         async with Admission(ctx):
@@ -89,24 +91,40 @@ class _Run:
     gone, deadline passed) closes the program's event stream, which aborts the run."""
 
     def __init__(self, ctx: ServerContext, program: HostedProgram, args: dict[str, Any],
-                 timeout: float | None) -> None:
+                 timeout: float | None, include_trace: bool = False) -> None:
         self.ctx = ctx
         self.program = program
         self.args = args
         self.timeout = timeout
+        self.include_trace = include_trace
         self.on_generation: GenerationListener | None = None
+        self.run_id = ctx.metrics.runs.new_id()
+        self.labels = ctx.metrics.labels("program", None, current_tenant.get())
 
     async def result(self) -> ProgramResult:
         started = time.monotonic()
         try:
             outcome = await asyncio.wait_for(self._outcome(), self.timeout)
         except TimeoutError:
-            raise RequestTimeoutError(
-                f"program {self.program.name} timed out after {self.timeout} s") from None
+            message = f"program {self.program.name} timed out after {self.timeout} s"
+            self._record(started, "timeout", message)
+            raise RequestTimeoutError(message) from None
+        except ProgramRunFailedError as exc:
+            self._record(started, "failed", str(exc), exc.trace)
+            raise
+        except asyncio.CancelledError:
+            self._record(started, "cancelled", "the client left or the run was cancelled")
+            raise
+        self._record(started, "ok", None, outcome.trace)
         self.ctx.metrics.requests.labels("program", "200").inc()
-        self.ctx.metrics.e2e.labels("program").observe(time.monotonic() - started)
+        self.ctx.metrics.e2e.labels(*self.labels).observe(time.monotonic() - started)
         return ProgramResult(program=self.program.name, variables=outcome.variables,
-                             text=outcome.text, latency=time.monotonic() - started)
+                             text=outcome.text, latency=time.monotonic() - started, run_id=self.run_id,
+                             trace=outcome.trace if self.include_trace else None)
+
+    def _record(self, started: float, status: str, error: str | None,
+                trace: dict[str, Any] | None = None) -> None:
+        self.ctx.metrics.runs.add(self.run_id, self.program.name, self.args, started, status, error, trace)
 
     async def _outcome(self) -> ProgramOutcome:
         async with contextlib.aclosing(self.program.run_hosted(self.ctx.engine, self.args)) as events:

@@ -27,6 +27,7 @@ from runtime.sampling_params import SamplingParams
 from runtime.server.hosting import HostedProgram
 from runtime.server.limits import AdmissionGate, ServerLimits
 from runtime.server.metrics import ServerMetrics
+from runtime.server.tenant import current_tenant
 
 T = TypeVar("T")
 
@@ -147,6 +148,7 @@ class EngineStream:
         self.input_ids = input_ids
         self.params = params
         self.request_id = new_id("arbor")
+        self.labels = ctx.metrics.labels(endpoint, len(input_ids), current_tenant.get())
         self.started = time.monotonic()
         self.deadline = None if timeout_s is None else self.started + timeout_s
         self.queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
@@ -202,14 +204,14 @@ class EngineStream:
             m.generation_tokens.inc(num_new)
             if self.last_token_at is None:
                 self.ctx.gate.num_waiting -= 1
-                m.ttft.labels(self.endpoint).observe(now - self.started)
+                m.observe_ttft(self.labels, now - self.started)
                 num_new -= 1  # the first token is TTFT, not ITL
                 self.last_token_at = now
-            for _ in range(num_new):
-                m.itl.labels(self.endpoint).observe((now - self.last_token_at) / num_new)
+            if num_new:
+                m.observe_itl(self.labels, (now - self.last_token_at) / num_new, num_new)
             self.last_token_at = now
         if out.finished:
-            m.e2e.labels(self.endpoint).observe(now - self.started)
+            m.e2e.labels(*self.labels).observe(now - self.started)
 
 
 async def until_disconnect(request: HttpRequest, work: Awaitable[T]) -> T:
