@@ -27,19 +27,19 @@ Format ``arbor.run_trace/1``::
                 "output_tokens", "draft_tokens", "accepted_tokens", "forced_tokens",
                 "finish_reason", "constraint", "valid", "validation_error",
                 # tool_call: "tool": {"name", "start_s", "end_s", "ok", "error"}
-                # select: "name", "choice", "num_choices"}],
+                # select: "name", "choice", "num_choices"; fork / join: "branches"}],
      "totals": {...sums over the nodes...}}
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import time
 from typing import Any
 
 from frontend_dsl.graph import Graph, Node
+from runtime.trace_otel import otel_spans, otel_value
 from runtime.trace_timeline import render_timeline
 
 TRACE_FORMAT = "arbor.run_trace/1"
@@ -155,7 +155,7 @@ class RunTrace:
             context = otel_trace.set_span_in_context(parent) if parent is not None else None
             live[span["spanId"]] = tracer.start_span(
                 span["name"], context=context, start_time=span["startTimeUnixNano"],
-                attributes={a["key"]: _otel_value(a["value"]) for a in span["attributes"]})
+                attributes={a["key"]: otel_value(a["value"]) for a in span["attributes"]})
         for span in reversed(spans):
             live[span["spanId"]].end(end_time=span["endTimeUnixNano"])
         return len(spans)
@@ -172,6 +172,8 @@ def _node_json(node: Node, record: NodeRecord) -> dict[str, Any]:
         out.update({k: 0 for k in _GEN_COUNTS})
         out.update({"finish_reason": None, "valid": None, "validation_error": None,
                     "constraint": attrs.get("constraint")})
+    if node.kind in ("fork", "join"):
+        out["branches"] = list(attrs["branches"])
     if node.kind == "select":
         out["num_choices"] = len(attrs.get("choices", []))
         out["choice"] = node.done.result() if _succeeded(node) else None
@@ -221,66 +223,3 @@ def _totals(nodes: list[dict[str, Any]]) -> dict[str, Any]:
     totals["tool_calls"] = len(tools)
     totals["tool_seconds"] = sum(t["end_s"] - t["start_s"] for t in tools)
     return totals
-
-
-# ---- OpenTelemetry ----------------------------------------------------------------------
-
-
-def otel_spans(trace: dict[str, Any]) -> list[dict[str, Any]]:
-    """The spans of a trace document (see ``RunTrace.to_otel_spans``), parents first."""
-    t0_ns = int(trace["started_at"] * 1e9)
-    seed = f"{trace['program']}:{trace['started_at']!r}"
-    trace_id = hashlib.sha256(seed.encode()).hexdigest()[:32]
-
-    def span_id(key: str) -> str:
-        return hashlib.sha256(f"{seed}:{key}".encode()).hexdigest()[:16]
-
-    def span(key: str, name: str, parent: str | None, start: float, end: float,
-             attrs: dict[str, Any], error: str | None = None) -> dict[str, Any]:
-        return {"traceId": trace_id, "spanId": span_id(key), "parentSpanId": parent and span_id(parent),
-                "name": name, "kind": 1, "startTimeUnixNano": t0_ns + int(start * 1e9),
-                "endTimeUnixNano": t0_ns + int(end * 1e9),
-                "attributes": [{"key": k, "value": _otel_attr(v)} for k, v in attrs.items() if v is not None],
-                "status": {"code": 2, "message": error} if error else {"code": 1}}
-
-    spans = [span("run", f"program {trace['program']}", None, 0.0, trace["duration_s"],
-                  {"arbor.program": trace["program"], **{f"arbor.{k}": v for k, v in trace["totals"].items()}},
-                  trace["error"])]
-    for stream in trace["streams"]:
-        if stream["id"] == 0 or stream["start_s"] is None:
-            continue
-        parent = "run" if stream["parent"] == 0 else f"stream{stream['parent']}"
-        spans.append(span(f"stream{stream['id']}", f"branch {stream['id']}", parent, stream["start_s"],
-                          stream["end_s"] if stream["end_s"] is not None else stream["start_s"],
-                          {"arbor.stream": stream["id"], "arbor.fork_node": stream["fork_node"]}))
-    for node in trace["nodes"]:
-        if node["start_s"] is None or node["end_s"] is None:
-            continue
-        parent = "run" if node["stream"] == 0 else f"stream{node['stream']}"
-        attrs = {f"arbor.{k}": v for k, v in node.items()
-                 if k not in ("id", "label", "start_s", "end_s", "error", "tool", "deps")}
-        spans.append(span(f"node{node['id']}", node["label"], parent, node["start_s"], node["end_s"],
-                          {"arbor.node": node["id"], **attrs}, node["error"]))
-        tool = node.get("tool")
-        if tool is not None:
-            spans.append(span(f"tool{node['id']}", f"tool {tool['name']}", f"node{node['id']}",
-                              tool["start_s"], tool["end_s"], {"arbor.tool": tool["name"]}, tool["error"]))
-    return spans
-
-
-def _otel_attr(value: Any) -> dict[str, Any]:
-    """An OTLP/JSON ``AnyValue``; dicts and lists travel as JSON strings."""
-    if isinstance(value, bool):
-        return {"boolValue": value}
-    if isinstance(value, int):
-        return {"intValue": str(value)}  # NOTE: OTLP/JSON writes 64-bit ints as strings
-    if isinstance(value, float):
-        return {"doubleValue": value}
-    if isinstance(value, str):
-        return {"stringValue": value}
-    return {"stringValue": json.dumps(value, default=str)}
-
-
-def _otel_value(any_value: dict[str, Any]) -> Any:
-    (kind, value), = any_value.items()
-    return int(value) if kind == "intValue" else value

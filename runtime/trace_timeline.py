@@ -73,7 +73,7 @@ def render_timeline(trace: dict[str, Any], width: int = LABEL_W + PLOT_W) -> str
              f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11" class="arbor-timeline">',
              '<rect width="100%" height="100%" fill="#ffffff"/>',
              f'<text x="4" y="14" font-size="13" font-weight="bold">{escape(_title(trace))}</text>']
-    parts += _axis(duration, x, TOP + LANE_H * len(lanes))
+    parts += _axis(duration, x, TOP + LANE_H * len(lanes), plot_w)
     for sid, depth in lanes:
         label = "root" if sid == 0 else f"branch {sid}"
         parts.append(f'<text x="{4 + 10 * depth}" y="{y(sid) + 16}" fill="#334155">{escape(label)}</text>')
@@ -96,13 +96,14 @@ def _title(trace: dict[str, Any]) -> str:
             f"({t.get('cached_tokens', 0)} cached), {t.get('output_tokens', 0)} out")
 
 
-def _axis(duration: float, x: Any, bottom: float) -> list[str]:
+def _axis(duration: float, x: Any, bottom: float, plot_w: float) -> list[str]:
     step = nice_step(duration)
     parts = []
     for i in range(int(duration / step) + 1):
         t = i * step
         parts.append(f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{TOP - 4}" y2="{bottom}" stroke="#e2e8f0"/>')
-        parts.append(f'<text x="{x(t) + 2:.1f}" y="{TOP - 6}" fill="#64748b">{_fmt_time(t)}</text>')
+        if x(t) < LABEL_W + plot_w - 30:  # no label squeezed against the right edge
+            parts.append(f'<text x="{x(t) + 2:.1f}" y="{TOP - 6}" fill="#64748b">{_fmt_time(t)}</text>')
     return parts
 
 
