@@ -327,7 +327,7 @@ def plot_cdf(groups: dict[str, list[Sample]], path: Path, title: str) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import NullFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     metrics = {"TTFT": lambda s: [s.ttft] if s.ttft is not None else [], "ITL": lambda s: s.itl,
@@ -339,7 +339,9 @@ def plot_cdf(groups: dict[str, list[Sample]], path: Path, title: str) -> Path:
                 ax.step(values, np.arange(1, len(values) + 1) / len(values), where="post", label=bucket)
         ax.set(title=f"{name} CDF", xlabel="ms", ylabel="fraction of samples")
         ax.set_xscale("log")
-        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.xaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))  # 1-2-5 labels, plain numbers
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.grid(True, alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle(title)
