@@ -13,7 +13,7 @@ from server_helpers import API_KEY, LiveServer, samples
 
 from frontend_dsl import gen, program
 from runtime.server import create_app
-from runtime.server.metrics import prompt_bucket
+from runtime.server.metrics import LatencyWindow, prompt_bucket
 from runtime.server.tenant import TenantLabels, tenant_of
 
 
@@ -22,6 +22,8 @@ def test_ui_needs_the_key_and_a_login_sets_a_cookie_for_ui_paths_only(server: An
         page = anon.get("/ui")
         assert page.status_code == 401 and 'name="key"' in page.text  # the login form
         assert anon.get("/ui/api/live").status_code == 401
+        for bad in ('arbor_ui="unterminated', "arbor_ui=" + API_KEY, "arbor_ui"):
+            assert anon.get("/ui/api/live", headers={"cookie": bad}).status_code == 401
         wrong = anon.post("/ui/login", data={"key": "nope"})
         assert wrong.status_code == 401 and "Wrong key" in wrong.text
         assert "arbor_ui" not in anon.cookies
@@ -124,6 +126,22 @@ def test_tenant_rule_and_bounded_labels() -> None:
     labels = TenantLabels(max_labels=2)
     assert [labels.label(t) for t in ("a", "b", "c", "a", None, "bad label!", "other")] == [
         "a", "b", "other", "a", "none", "other", "other"]
+
+
+def test_latency_window_percentiles_use_recent_samples_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr("runtime.server.metrics.time.monotonic", lambda: clock[0])
+    window = LatencyWindow(window_s=300.0)
+    window.observe(9.0)  # old: outside the 60 s window, inside the 300 s one
+    clock[0] += 100
+    for v in range(1, 101):
+        window.observe(v / 1000)
+    window.observe(0.5, count=3)
+    recent = window.percentiles(60.0)
+    assert recent["count"] == 103 and recent["p50"] == 0.052 and recent["p99"] == 0.5
+    assert window.percentiles()["count"] == 104 and window.percentiles()["p99"] == 0.5
+    clock[0] += 1000
+    assert window.percentiles() == {"count": 0, "p50": None, "p95": None, "p99": None}
 
 
 @pytest.mark.parametrize(("prompt_len", "bucket"), [
