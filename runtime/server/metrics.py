@@ -115,6 +115,33 @@ class ServerMetrics:
         self.recent_itl.observe(seconds, count)
 
 
+class TokenTimer:
+    """Times one request's output tokens as they arrive: TTFT, ITL per token (k tokens
+    arriving together are k gaps of gap/k) and end to end, from its construction."""
+
+    def __init__(self, metrics: ServerMetrics, labels: tuple[str, str, str]) -> None:
+        self.metrics = metrics
+        self.labels = labels
+        self.started = time.monotonic()
+        self.last_token_at: float | None = None
+
+    def observe(self, num_new: int, finished: bool) -> None:
+        """``num_new`` tokens just arrived; ``finished``: the request's last output."""
+        now = time.monotonic()
+        m = self.metrics
+        if num_new:
+            m.generation_tokens.inc(num_new)
+            if self.last_token_at is None:
+                m.observe_ttft(self.labels, now - self.started)
+                num_new -= 1  # the first token is TTFT, not ITL
+                self.last_token_at = now
+            if num_new:
+                m.observe_itl(self.labels, (now - self.last_token_at) / num_new, num_new)
+            self.last_token_at = now
+        if finished:
+            m.e2e.labels(*self.labels).observe(now - self.started)
+
+
 class _EngineCollector(Collector):
     """Gauges read from the engine and the admission gate at scrape time."""
 

@@ -25,6 +25,9 @@ import pydantic
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 
+from runtime.engine import Engine
+from runtime.outputs import RequestOutput
+from runtime.sampling_params import SamplingParams
 from runtime.server.errors import ProgramNotFoundError, stream_error_event
 from runtime.server.hosting import (
     GenerationDone,
@@ -33,6 +36,7 @@ from runtime.server.hosting import (
     ProgramOutcome,
     ProgramRunFailedError,
 )
+from runtime.server.metrics import NO_PROMPT, ServerMetrics, TokenTimer, prompt_bucket
 from runtime.server.protocol import ProgramInfo, ProgramResult, ProgramsResponse, Strict
 from runtime.server.serving import Admission, RequestTimeoutError, ServerContext, until_disconnect
 from runtime.server.sse import SSE_DONE, EventStreamResponse, sse
@@ -127,13 +131,38 @@ class _Run:
         self.ctx.metrics.runs.add(self.run_id, self.program.name, self.args, started, status, error, trace)
 
     async def _outcome(self) -> ProgramOutcome:
-        async with contextlib.aclosing(self.program.run_hosted(self.ctx.engine, self.args)) as events:
+        engine = TimedEngine(self.ctx.engine, self.ctx.metrics, self.labels[2])
+        async with contextlib.aclosing(self.program.run_hosted(engine, self.args)) as events:  # type: ignore[arg-type]
             async for event in events:
                 if isinstance(event, ProgramOutcome):
                     return event
                 if self.on_generation is not None:
                     self.on_generation(event)
         raise ProgramRunFailedError(f"program {self.program.name} ended without a result")
+
+
+class TimedEngine:
+    """The engine as a hosted program gets it: each of the run's engine requests is timed
+    like an HTTP one (TTFT, ITL, end to end; endpoint ``program_gen``, the request's prompt
+    bucket, the run's tenant label). Everything else is the engine's own."""
+
+    def __init__(self, engine: Engine, metrics: ServerMetrics, tenant_label: str) -> None:
+        self._engine = engine
+        self._metrics = metrics
+        self._tenant_label = tenant_label
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def generate_stream(self, prompt: str | None = None, sampling_params: SamplingParams | None = None, *,
+                              input_ids: list[int] | None = None,
+                              request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        bucket = prompt_bucket(len(input_ids)) if input_ids is not None else NO_PROMPT
+        timer = TokenTimer(self._metrics, ("program_gen", bucket, self._tenant_label))
+        async for out in self._engine.generate_stream(prompt, sampling_params, input_ids=input_ids,
+                                                      request_id=request_id):
+            timer.observe(len(out.delta_token_ids), out.finished)
+            yield out
 
 
 async def _stream_run(run: _Run) -> EventStreamResponse:

@@ -63,6 +63,10 @@ def test_program_runs_are_kept_with_their_trace_and_timeline(http: Any) -> None:
     assert [g["name"] for g in gens] == ["first", "second"]
     assert all(g["output_tokens"] > 0 and g["prompt_tokens"] > 0 and g["end_s"] > g["start_s"] for g in gens)
     assert gens[1]["cached_tokens"] > 0  # the second gen continues the first's prefix
+    got = samples(http.get("/metrics").text)
+    gen_ttft = [v for (name, labels), v in got.items() if name == "arbor_time_to_first_token_seconds_count"
+                and ("endpoint", "program_gen") in labels]
+    assert sum(gen_ttft) >= 2  # the run's generations are timed like HTTP requests
     runs = http.get("/ui/api/runs").json()["runs"]
     assert runs[0]["run_id"] == body["run_id"] and runs[0]["status"] == "ok"
     assert runs[0]["totals"]["generations"] == 2
