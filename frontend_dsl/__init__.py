@@ -32,13 +32,14 @@ from frontend_dsl.graph import Graph, Node
 from frontend_dsl.primitives import gen, select
 from frontend_dsl.program import Program, program
 from frontend_dsl.roles import assistant, system, user
+from frontend_dsl.run_trace import RunTrace
 from frontend_dsl.state import Branches, ProgramState
 from frontend_dsl.tools import Tool, ToolCall, tool
 
 __all__ = [
     "Backend", "Branches", "DSLError", "GenChunk", "GenParams", "GenerationError", "Graph",
     "Node", "Program", "ProgramCancelledError", "ProgramDefinitionError", "ProgramError",
-    "ProgramState", "Tool", "ToolCall", "assistant", "gen", "get_default_backend", "program",
+    "ProgramState", "RunTrace", "Tool", "ToolCall", "assistant", "gen", "get_default_backend", "program",
     "select", "set_default_backend", "system", "tool", "user",
 ]
 

@@ -6,7 +6,8 @@ constraint's verdict) and how long each tool call took. ``RunTrace`` joins that 
 with the request graph and exports it:
 
 - ``to_json()``: one JSON document (format ``arbor.run_trace/1``, below);
-- ``to_otel_spans()``: an OpenTelemetry-compatible span list (OTLP/JSON field names), and
+- ``to_otel_spans()``: an OpenTelemetry-compatible span list (OTLP/JSON field names,
+  ``runtime.trace_otel``, which ``arbor trace`` uses too), and
   ``emit_otel(tracer)`` sends the same spans through the ``opentelemetry`` SDK when a user
   has it installed (no collector needed: any span processor/exporter they configure);
 - ``to_svg()``: a timeline (``runtime.trace_timeline``): nodes as bars on a time axis,
@@ -39,8 +40,6 @@ import time
 from typing import Any
 
 from frontend_dsl.graph import Graph, Node
-from runtime.trace_otel import otel_spans, otel_value
-from runtime.trace_timeline import render_timeline
 
 TRACE_FORMAT = "arbor.run_trace/1"
 _GEN_COUNTS = ("prompt_tokens", "cached_tokens", "computed_tokens", "output_tokens",
@@ -128,6 +127,9 @@ class RunTrace:
         return [s for s in self.data["streams"] if s["leaf"]]
 
     def to_svg(self) -> str:
+        from runtime.trace_timeline import render_timeline  # NOTE: lazy, as every runtime import of
+        # the DSL: `import frontend_dsl` loads nothing of the engine side
+
         return render_timeline(self.data)
 
     def to_otel_spans(self) -> list[dict[str, Any]]:
@@ -136,6 +138,8 @@ class RunTrace:
         Ids are derived from the run's start time and the program's name, so one trace's
         ids are stable across exports.
         """
+        from runtime.trace_otel import otel_spans
+
         return otel_spans(self.data)
 
     def emit_otel(self, tracer: Any = None) -> int:
@@ -146,6 +150,8 @@ class RunTrace:
             ModuleNotFoundError: ``opentelemetry`` is not installed.
         """
         from opentelemetry import trace as otel_trace
+
+        from runtime.trace_otel import otel_value
 
         tracer = tracer or otel_trace.get_tracer("arbor")
         spans = self.to_otel_spans()

@@ -162,7 +162,7 @@ function buildFields() {
   const schema = program.arguments_schema || {};
   const required = new Set(schema.required || []);
   for (const [name, prop] of Object.entries(schema.properties || {})) {
-    const type = prop.type || (prop.anyOf ? "json" : "json");
+    const type = prop.type || "json";  // anyOf (optional values...) and objects: a JSON field
     const label = document.createElement("label");
     const hint = `${type}${required.has(name) ? ", required" : ""}` +
       (prop.default !== undefined ? `, default ${JSON.stringify(prop.default)}` : "");
