@@ -47,9 +47,10 @@ def check_nesting(trace: dict[str, Any]) -> None:
         assert parent["start_s"] <= s["start_s"] and s["end_s"] <= parent["end_s"]
 
 
-def test_tree_search_trace_has_nine_leaves_cached_branches_and_nested_times(tiny_engine: Any) -> None:
+def test_tree_search_trace_has_nine_leaves_cached_branches_and_nested_times(engine: Any) -> None:
+    """On the tiny random model and (slow) on the default one."""
     module = load_example("tree_search")
-    state = module.tree_search.run(tiny_engine, task="Write a slogan for a bakery.", width=3, max_tokens=4)
+    state = module.tree_search.run(engine, task="Write a slogan for a bakery.", width=3, max_tokens=4)
     trace = json.loads(state.run_trace().to_json_str())  # what the JSON file holds
     assert trace["format"] == "arbor.run_trace/1" and trace["status"] == "ok"
     leaves = [s for s in trace["streams"] if s["leaf"]]

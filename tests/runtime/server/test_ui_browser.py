@@ -1,9 +1,10 @@
 """``/ui`` in a real browser: ``arbor serve`` (the tiny random Llama, an API key, the test
 programs) in a subprocess, headless Chromium driven by selenium.
 
-The browser logs in with the key, waits for the live gauges, runs ``two_steps`` from the
-form, and checks that the run's events stream in, its trace timeline appears, and the
-gauges moved (finished requests, TTFT samples, the runs table). The screenshot is saved
+The browser logs in with the key, waits for the live gauges, runs ``fan_out`` (a prefix,
+then a fork into three branches) from the form, and checks that the run's events stream
+in, its trace timeline appears (three branch lanes, cached prefixes shaded), and the
+gauges moved (finished requests, cached tokens, TTFT samples, the runs table). The screenshot is saved
 as ``benchmarks/results/ui_browser.png`` (not committed).
 
 Needs Debian's ``chromium`` and ``chromium-driver`` (``make setup`` installs them when it
@@ -29,7 +30,7 @@ from server_helpers import API_KEY, free_port
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[3]
-PROGRAMS_FILE = Path(__file__).parent / "programs_fixture.py"
+PROGRAMS_FILE = Path(__file__).parent / "ui_programs_fixture.py"
 SCREENSHOT = ROOT / "benchmarks" / "results" / "ui_browser.png"
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 
@@ -126,30 +127,36 @@ def test_ui_runs_a_program_from_the_form_and_shows_its_timeline(arbor_serve: str
     assert int(text(browser, "g-kv-total")) > 0 and text(browser, "g-running") == "0"
     assert "tiny" in text(browser, "model") or text(browser, "model")
 
-    wait_for(browser, lambda d: len(Select(d.find_element(By.ID, "program-select")).options) == 3,
+    wait_for(browser, lambda d: len(Select(d.find_element(By.ID, "program-select")).options) == 1,
              what="program list not loaded")
-    Select(browser.find_element(By.ID, "program-select")).select_by_value("two_steps")
+    Select(browser.find_element(By.ID, "program-select")).select_by_value("fan_out")
     topic = wait_for(browser, lambda d: d.find_element(By.ID, "arg-topic"), what="no field for 'topic'")
     topic.send_keys("lighthouses")
+    assert browser.find_element(By.ID, "arg-n").get_attribute("value") == "3"  # the schema's default
     browser.find_element(By.ID, "run-button").click()
 
     events = wait_for(browser, lambda d: [li.text for li in d.find_elements(By.CSS_SELECTOR, "#events li")
                                          if "result" in li.text] and d.find_elements(By.CSS_SELECTOR, "#events li"),
                       what="the run's result event never arrived")
-    assert sum(" gen #" in e.text for e in events) == 2  # one event per generation, streamed
+    assert sum(" gen #" in e.text for e in events) == 4  # one event per generation, streamed
     bars = wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#timeline svg g.node-gen"),
                     what="the timeline never appeared")
-    assert len(bars) == 2 and browser.find_elements(By.CSS_SELECTOR, "#timeline svg g.node-select")
-    assert browser.find_elements(By.CSS_SELECTOR, "#timeline svg rect.cached")  # the second gen's cached prefix
+    assert len(bars) == 4 and len(browser.find_elements(By.CSS_SELECTOR, "#timeline svg g.node-fork")) == 1
+    lanes = browser.execute_script("return [...document.querySelectorAll('#timeline svg text')]"
+                                   ".map(t => t.textContent).filter(t => t.startsWith('branch'));")
+    assert lanes == ["branch 1", "branch 2", "branch 3"]
+    cached = browser.execute_script("return [...document.querySelectorAll('#timeline svg rect.cached')]"
+                                    ".map(r => parseFloat(r.getAttribute('width')));")
+    assert len(cached) == 4 and sum(w > 0 for w in cached) >= 3  # the branches reuse the shared prefix
 
     # The gauges moved: finished requests, cached prompt tokens, and the run is listed.
-    wait_for(browser, lambda d: int(text(d, "g-finished")) >= finished_before + 3, what="finished count stuck")
+    wait_for(browser, lambda d: int(text(d, "g-finished")) >= finished_before + 4, what="finished count stuck")
     assert int(text(browser, "g-cached-tokens")) > cached_before
     ttft_count = '#lat-table tr[data-metric="ttft"][data-window="60s"] td:nth-child(3)'
-    wait_for(browser, lambda d: int(css_text(d, ttft_count) or 0) >= 2, what="no TTFT samples")  # its 2 gens
-    wait_for(browser, lambda d: "two_steps" in css_text(d, "#runs-table tbody tr"), what="run not listed")
+    wait_for(browser, lambda d: int(css_text(d, ttft_count) or 0) >= 4, what="no TTFT samples")  # its 4 gens
+    wait_for(browser, lambda d: "fan_out" in css_text(d, "#runs-table tbody tr"), what="run not listed")
     assert "ok" in css_text(browser, "#runs-table tbody tr td:nth-child(3)")
-    assert float(text(browser, "g-hit").rstrip("%")) > 0  # the second gen hit the first's prefix
+    assert float(text(browser, "g-hit").rstrip("%")) > 0  # the branches hit the shared prefix
 
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     time.sleep(1.2)  # one more poll, so the screenshot shows settled gauges
