@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import random
 import sys
@@ -75,6 +76,7 @@ class Sample:
     """One finished (or failed) request, timed on the client."""
 
     bucket: str
+    tenant: str | None = None
     ttft: float | None = None  # seconds to the first chunk that carries a token
     itl: list[float] = field(default_factory=list)  # per token after that chunk's (see above)
     e2e: float | None = None
@@ -93,13 +95,15 @@ class Job:
     bucket: str
     prompt: str  # the request's prompt, or the conversation's first user message
     max_tokens: int
+    tenant: str | None = None  # sent as the OpenAI ``user`` field (the server's tenant label)
 
 
 def words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
-def make_jobs(num: int, load: Workload, seed: int, buckets: list[str]) -> list[Job]:
+def make_jobs(num: int, load: Workload, seed: int, buckets: list[str], tenants: int = 0) -> list[Job]:
+    """``num`` jobs cycling over ``buckets`` (and over ``tenants`` tenants, if any), shuffled."""
     rng = random.Random(seed)
     sizes = {"short_in": load.short_input, "long_in": load.long_input,
              "short_out": load.short_output, "long_out": load.long_output}
@@ -111,6 +115,8 @@ def make_jobs(num: int, load: Workload, seed: int, buckets: list[str]) -> list[J
         else:
             inp, out = bucket.split("/")
             jobs.append(Job(bucket, words(rng, sizes[inp]), sizes[out]))
+    if tenants:
+        jobs = [dataclasses.replace(j, tenant=f"tenant-{i % tenants}") for i, j in enumerate(jobs)]
     rng.shuffle(jobs)
     return jobs
 
@@ -130,7 +136,7 @@ class Client:
         body: dict[str, Any] = {"prompt": job.prompt, "max_tokens": job.max_tokens}
         if self.token_logprobs:
             body["logprobs"] = 0  # the chosen token's logprob: one entry per token
-        return await self._stream("/completions", body, job.bucket, lambda c: c.get("text"))
+        return await self._stream("/completions", body, job, lambda c: c.get("text"))
 
     async def conversation(self, job: Job, turns: int) -> list[Sample]:
         messages: list[dict[str, str]] = [{"role": "system", "content": self.system}]
@@ -141,7 +147,7 @@ class Client:
             body: dict[str, Any] = {"messages": messages, "max_tokens": job.max_tokens}
             if self.token_logprobs:
                 body["logprobs"] = True
-            sample = await self._stream("/chat/completions", body, job.bucket,
+            sample = await self._stream("/chat/completions", body, job,
                                         lambda c: (c.get("delta") or {}).get("content"), pieces)
             samples.append(sample)
             if sample.error is not None:
@@ -149,13 +155,15 @@ class Client:
             messages.append({"role": "assistant", "content": "".join(pieces)})
         return samples
 
-    async def _stream(self, path: str, body: dict[str, Any], bucket: str, text_of: Any,
+    async def _stream(self, path: str, body: dict[str, Any], job: Job, text_of: Any,
                       pieces: list[str] | None = None) -> Sample:
         body = {**body, "model": self.model, "temperature": 0, "stream": True,
                 "stream_options": {"include_usage": True}}
         if self.ignore_eos:
             body["ignore_eos"] = True
-        sample = Sample(bucket)
+        if job.tenant is not None:
+            body["user"] = job.tenant
+        sample = Sample(job.bucket, job.tenant)
         usage: dict[str, int] | None = None
         start = last = time.perf_counter()
         try:
@@ -214,7 +222,7 @@ def workload(http: httpx.AsyncClient, model: str, args: argparse.Namespace, load
     """A client (with its conversations' shared system prompt) and the jobs for ``seed``."""
     system = "You are a careful assistant. Background: " + words(random.Random(seed + 7), load.system_words)
     client = Client(http, model, args.ignore_eos, system, args.token_logprobs)
-    return client, make_jobs(args.num_requests, load, seed, buckets), load.turns, seed
+    return client, make_jobs(args.num_requests, load, seed, buckets, args.tenants), load.turns, seed
 
 
 async def run_jobs(client: Client, jobs: list[Job], turns: int, seed: int,
@@ -288,6 +296,8 @@ def summarize(samples: list[Sample], duration: float) -> dict[str, Any]:
         "total_token_throughput": round((out_tokens + sum(s.prompt_tokens for s in ok)) / duration, 2),
         "buckets": {},
         "prompt_buckets": {b: bucket_stats(g) for b, g in prompt_groups(ok).items()},
+        "tenants": {t: bucket_stats([s for s in ok if s.tenant == t])
+                    for t in sorted({s.tenant for s in ok if s.tenant is not None})},
     }
     groups = {b: [s for s in ok if s.bucket == b] for b in BUCKETS}
     groups["all"] = ok
@@ -306,6 +316,9 @@ def print_summary(title: str, summary: dict[str, Any]) -> None:
     if summary.get("prompt_buckets"):
         print("by prompt length, tokens (the prompt_bucket label of the server's /metrics):")
         print_rows({f"prompt {b}": stats for b, stats in summary["prompt_buckets"].items()})
+    if summary.get("tenants"):
+        print("by tenant (the OpenAI user field: the tenant label of the server's /metrics):")
+        print_rows(summary["tenants"])
     print(f"output tokens counted by: {', '.join(summary['output_tokens_counted_by']) or '-'}; "
           f"ITL per {', '.join(summary['itl_per']) or '-'}")
     for error in summary["errors"]:
@@ -372,6 +385,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "it carries (off: ITL per chunk)")
     p.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
                    help="also send the same requests one at a time (the baseline)")
+    p.add_argument("--tenants", type=int, default=0,
+                   help="spread requests over N tenants (the OpenAI user field); 0: name none")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", default="bench_serving")
     p.add_argument("--timeout", type=float, default=600.0)
