@@ -46,14 +46,15 @@ from frontend_dsl.primitives import (
 from frontend_dsl.program import Program, program
 from frontend_dsl.ref import Ref
 from frontend_dsl.roles import assistant, system, user
+from frontend_dsl.run_trace import RunTrace
 from frontend_dsl.state import Branches, ProgramState
 from frontend_dsl.tools import Tool, ToolCall, tool
 
 __all__ = [
     "Backend", "Branches", "DSLError", "GenChunk", "GenParams", "GenerationError", "Graph",
     "Node", "Program", "ProgramCancelledError", "ProgramDefinitionError", "ProgramError",
-    "ProgramState", "Ref", "Tool", "ToolCall", "assistant", "assistant_begin", "assistant_end",
-    "gen", "gen_int", "gen_string", "get_default_backend", "program", "select",
+    "ProgramState", "Ref", "RunTrace", "Tool", "ToolCall", "assistant", "assistant_begin",
+    "assistant_end", "gen", "gen_int", "gen_string", "get_default_backend", "program", "select",
     "set_default_backend", "system", "system_begin", "system_end", "tool", "user", "user_begin",
     "user_end",
 ]

@@ -103,6 +103,10 @@ class GenChunk:
     # The backend's verdict on a constrained output (final chunk; the fields of
     # ``runtime.ConstraintCheck``: relaxed, valid, checked, error); None if it gives none.
     constraint_check: dict[str, Any] | None = None
+    # Speculation of this generation (final chunk; 0 from backends that report none).
+    num_draft_tokens: int = 0  # draft tokens verified (grammar-forced included)
+    num_accepted_tokens: int = 0  # of those, accepted
+    num_forced_tokens: int = 0  # draft tokens the grammar forced
     top_logprobs: list[dict[int, float]] | None = None  # per generated token: id -> logprob
     prompt_logprobs: list[float | None] | None = None  # per prompt token (None before start)
 

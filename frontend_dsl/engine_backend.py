@@ -71,7 +71,10 @@ class EngineBackend(Backend):
             check = dataclasses.asdict(out.constraint_check) if out.constraint_check is not None else None
             yield GenChunk(out.delta_text, list(out.delta_token_ids), out.text, list(out.token_ids),
                            out.finish_reason, out.logprobs, out.num_cached_tokens, check,
-                           out.top_logprobs, out.prompt_logprobs)
+                           num_draft_tokens=out.num_draft_tokens,
+                           num_accepted_tokens=out.num_accepted_tokens,
+                           num_forced_tokens=out.num_forced_tokens,
+                           top_logprobs=out.top_logprobs, prompt_logprobs=out.prompt_logprobs)
 
     async def score(self, input_ids: list[int], start: int) -> list[float]:
         out = await self.engine.agenerate(input_ids=input_ids, sampling_params=scoring_params(start))

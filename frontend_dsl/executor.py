@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -23,6 +24,7 @@ from frontend_dsl.healing import healing_plan
 from frontend_dsl.output_constraint import parse_output
 from frontend_dsl.primitives import DTYPES, Gen, Select
 from frontend_dsl.ref import Ref, value_text
+from frontend_dsl.run_trace import RunRecorder
 from frontend_dsl.stream_data import StreamData
 from frontend_dsl.tools import execute_call
 
@@ -70,6 +72,7 @@ class Executor:
         self.streams: dict[int, StreamData] = {0: StreamData()}
         self._on_text = on_text
         self._tasks: set[asyncio.Task[None]] = set()
+        self.recorder = RunRecorder()  # node timings and costs: the run's trace (run_trace.py)
         self._handlers: dict[str, Callable[[Node], Awaitable[Any]]] = {
             "text": self._text, "gen": self._gen, "select": self._select,
             "fork": self._fork, "join": self._join, "tool_call": self._tool_call,
@@ -92,10 +95,19 @@ class Executor:
         try:
             for dep in deps:
                 await asyncio.wrap_future(dep.done)
+            self.recorder.start(node)
             result = await self._handlers[node.kind](node)
         except asyncio.CancelledError:
-            node.done.set_exception(ProgramCancelledError(f"node {node.id} cancelled"))
+            self._finish(node, exc=ProgramCancelledError(f"node {node.id} cancelled"))
         except Exception as exc:  # noqa: BLE001 - recorded on the node, surfaced to readers
+            self._finish(node, exc=exc)
+        else:
+            self._finish(node, result=result)
+
+    def _finish(self, node: Node, result: Any = None, exc: BaseException | None = None) -> None:
+        if node.id in self.recorder.records:  # it started
+            self.recorder.end(node, exc)
+        if exc is not None:
             node.done.set_exception(exc)
         else:
             node.done.set_result(result)
@@ -122,13 +134,15 @@ class Executor:
         data = self.streams[node.stream_id]
         prompt_len = len(data.ids)
         final, text = await self._generate(node.stream_id, data, spec)
+        meta = _gen_meta(final, prompt_len)
+        self.recorder.generated(node, meta)
         cut_at = spec.params.max_tokens if final.finish_reason == "length" else None
         value = parse_output(text, spec.params.constraint, cut_at, final.constraint_check)
         if spec.dtype is not None:
             value = DTYPES[spec.dtype][1](text)
         elif spec.as_text:
             value = text
-        data.set_variable(spec.name, value, _gen_meta(final, prompt_len))
+        data.set_variable(spec.name, value, meta)
         self._emit(node.stream_id, "", spec.name, final=True)
         return value
 
@@ -161,11 +175,15 @@ class Executor:
         data = self.streams[node.stream_id]
         prompt_len = len(data.ids)
         final, text = await self._generate(node.stream_id, data, spec)
+        meta = _gen_meta(final, prompt_len)
+        self.recorder.generated(node, meta)
+        started = time.perf_counter()
         call = await execute_call(text, spec.tools)
+        self.recorder.tool_called(node, call.name, started, time.perf_counter(), call.error)
         observation = spec.tool_result_prefix + call.observation()
         data.append_text(observation, self.backend)
         self._emit(node.stream_id, observation)
-        data.set_variable(spec.name, call, _gen_meta(final, prompt_len))
+        data.set_variable(spec.name, call, meta)
         self._emit(node.stream_id, "", spec.name, final=True)
         return call
 
@@ -238,7 +256,9 @@ def _gen_meta(final: GenChunk, prompt_len: int) -> dict[str, Any]:
     meta: dict[str, Any] = {"finish_reason": final.finish_reason, "num_output_tokens": len(final.token_ids),
             "output_ids": list(final.token_ids),
             "num_cached_tokens": final.num_cached_tokens, "logprobs": final.logprobs,
-            "prompt_len": prompt_len, "constraint_check": final.constraint_check}
+            "prompt_len": prompt_len, "constraint_check": final.constraint_check,
+            "num_draft_tokens": final.num_draft_tokens, "num_accepted_tokens": final.num_accepted_tokens,
+            "num_forced_tokens": final.num_forced_tokens}
     if final.top_logprobs is not None:
         meta["top_logprobs"] = final.top_logprobs
     if final.prompt_logprobs is not None:

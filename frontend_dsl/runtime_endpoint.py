@@ -69,8 +69,8 @@ class RuntimeEndpoint(Backend):
                 if meta and meta.top_logprobs is not None else None
             yield GenChunk(c.delta_text, c.delta_token_ids, c.text or "", c.output_ids or [],
                            c.finish_reason, meta.logprobs if meta else None,
-                           meta.cached_tokens if meta else 0, check, top,
-                           meta.prompt_logprobs if meta else None)
+                           meta.cached_tokens if meta else 0, check, top_logprobs=top,
+                           prompt_logprobs=meta.prompt_logprobs if meta else None)
 
     async def score(self, input_ids: list[int], start: int) -> list[float]:
         return await self.client.score(input_ids, start)

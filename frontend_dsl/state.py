@@ -17,6 +17,7 @@ from frontend_dsl.graph import Graph
 from frontend_dsl.primitives import Expr
 from frontend_dsl.ref import Ref, value_text
 from frontend_dsl.roles import Role
+from frontend_dsl.run_trace import RunTrace
 from frontend_dsl.tracer import Session
 
 
@@ -118,6 +119,12 @@ class ProgramState:
         """Block until the run has finished (for ``run(stream=True)``); raise its error."""
         self._session.wait_run()
         return self
+    def run_trace(self) -> RunTrace:
+        """The run's trace so far: node timings, token counts, tool calls
+        (``frontend_dsl.run_trace``); complete once the run has returned."""
+        if self._session.executor is None:
+            raise ProgramDefinitionError("a traced (never run) graph has no run trace")
+        return RunTrace.build(self._session.graph, self._session.executor.recorder)
 
     @contextmanager
     def role(self, role: str) -> Iterator[ProgramState]:

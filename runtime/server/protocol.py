@@ -192,6 +192,8 @@ class ProgramResult(BaseModel):
     variables: dict[str, Any]
     text: str
     latency: float
+    run_id: str | None = None  # the run's entry in /ui/api/runs
+    trace: dict[str, Any] | None = None  # the run's trace (format arbor.run_trace/1), when asked for
 
 
 # ---- OpenAI-compatible -------------------------------------------------------------------

@@ -149,3 +149,17 @@ def test_the_3x3_tree_runs_as_one_batch_of_3_then_one_of_9(tiny_engine: Any) -> 
     assert max(drafts) == 9  # then all 9 second-level ones
     first_draft = next(i for i, n in enumerate(drafts) if n)
     assert all(n == 0 for n in ideas[first_draft:])  # no idea is still running then
+
+
+def test_the_run_trace_shows_the_new_node_kinds(fake: FakeBackend) -> None:
+    @program
+    def p(s: Any) -> None:
+        s["k"] = 1
+        with s.var_scope("line"):
+            s += "A:" + gen("a", max_tokens=1)
+        s += " again" + s.ref("a")
+
+    trace = p.run(fake).run_trace().to_json()
+    kinds = [n["kind"] for n in trace["nodes"]]
+    assert {"set", "capture", "var"} <= set(kinds)
+    assert all(n["end_s"] >= n["start_s"] for n in trace["nodes"])
