@@ -121,6 +121,7 @@ class Program:
     def _execute(self, session: Session, kwargs: dict[str, Any]) -> ProgramState:
         """Run the body on ``session`` and wait for every node; the one place a run ends."""
         state = self.state_class(session)
+        session.body_thread = threading.get_ident()
         try:
             try:
                 session.return_value = self.fn(state, **kwargs)

@@ -33,7 +33,9 @@ class ProgramState:
         return self
 
     def __getitem__(self, name: str) -> Any:
-        """The value of variable ``name``; blocks until it is generated.
+        """The value of variable ``name``; blocks until it is generated. While tracing,
+        a ``Ref`` to it (see ``ref.py``); on a state returned by ``run(stream=True)``,
+        a variable the body has not appended yet is waited for until the run ends.
 
         Raises:
             ProgramError: the node that defines ``name`` failed (``.state`` is this state).

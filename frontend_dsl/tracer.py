@@ -70,6 +70,7 @@ class Session:
         self.defaults = dict(defaults or {})  # the run's sampling settings for every gen
         self.text_log: TextLog | None = None  # set for a streamed run (``text_iter``)
         self.return_value: Any = None  # what the program's body returned
+        self.body_thread: int | None = None  # ident of the thread running the body
         self._finished = threading.Event()
         self._run_error: BaseException | None = None
         self._streams: dict[int, _Stream] = {0: _Stream()}
@@ -246,6 +247,8 @@ class Session:
             KeyError: no operation of this stream defines ``name``.
             Exception: whatever made the defining node fail.
         """
+        if name not in self._streams[stream_id].variables and self._outside_running_body():
+            self._finished.wait()  # a streamed run's reader: the body may define it later
         ref = self.ref(stream_id, name)
         return ref if self.tracing else ref.value()
 
@@ -271,6 +274,8 @@ class Session:
         """The stream's data once every node added to it so far has finished (ok or not)."""
         self._stop_if_tracing(stream_id, None, f"control flow reads the generated {what}")
         assert self.executor is not None
+        if self._outside_running_body():
+            self._finished.wait()  # as SGLang's: a streamed run's whole text, once it is done
         tail = self._streams[stream_id].tail
         if tail is not None:
             concurrent.futures.wait([tail.done])
@@ -308,6 +313,12 @@ class Session:
         self._finished.wait()
         if self._run_error is not None:
             raise self._run_error
+
+    def _outside_running_body(self) -> bool:
+        """Whether a streamed run is still going and the caller is not its body (a
+        reader of the state ``run(stream=True)`` returned)."""
+        return (self.text_log is not None and not self._finished.is_set()
+                and threading.get_ident() != self.body_thread)
 
     def first_error(self) -> BaseException | None:
         """The exception of the earliest failed node, if any."""

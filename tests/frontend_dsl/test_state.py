@@ -165,6 +165,18 @@ def test_text_iter_streams_a_variable_while_the_program_runs(make_fake: Callable
     assert "".join(state.text_iter()) == state.text()  # the whole state's text, replayed
 
 
+def test_reads_of_a_streamed_state_wait_for_what_the_body_adds_later(
+        make_fake: Callable[..., FakeBackend]) -> None:
+    @program
+    def p(s: Any) -> None:
+        time.sleep(0.2)  # the caller reads before the body has appended anything
+        s += "A:" + gen("answer", max_tokens=2)
+
+    state = p.run(backend=make_fake(), stream=True)
+    assert state["answer"] == " ok ok"
+    assert p.run(backend=make_fake(), stream=True).text() == "A: ok ok"
+
+
 def test_text_async_iter_and_errors(make_fake: Callable[..., FakeBackend]) -> None:
     @program
     def p(s: Any) -> None:
