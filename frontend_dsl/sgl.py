@@ -51,7 +51,7 @@ from frontend_dsl.roles import Role
 from frontend_dsl.state import ProgramState
 
 __all__ = [
-    "ChoicesDecision", "ChoicesSamplingMethod", "Engine", "ProgramDefinitionError", "ProgramError",
+    "ChoicesDecision", "ChoicesSamplingMethod", "Engine", "OpenAI", "ProgramDefinitionError", "ProgramError",
     "UnsupportedFeatureError", "Runtime", "RuntimeEndpoint",
     "assistant", "assistant_begin", "assistant_end", "function", "gen", "gen_int", "gen_string",
     "greedy_token_selection", "image", "select", "separate_reasoning", "set_default_backend",
@@ -232,6 +232,18 @@ def Engine(model_path: str = "default", **config: Any) -> Any:  # noqa: N802
     return ArborEngine(model=model_path, **config)
 
 
+def OpenAI(model_name: str, base_url: str = "https://api.openai.com/v1", api_key: str | None = None,  # noqa: N802
+           **kwargs: Any) -> Any:
+    """An OpenAI(-compatible) server (SGLang's ``sgl.OpenAI``): Arbor's ``OpenAIBackend``
+    with the plain OpenAI dialect (``base_url`` / ``dialect=`` for other servers)."""
+    try:
+        from frontend_dsl.openai_backend import OpenAIBackend  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        raise UnsupportedFeatureError("sgl.OpenAI needs frontend_dsl.openai_backend (OpenAIBackend)") from None
+    kwargs.setdefault("dialect", "openai")
+    return OpenAIBackend(base_url, model_name, api_key=api_key, **kwargs)
+
+
 def Runtime(*args: Any, **kwargs: Any) -> Any:  # noqa: N802
     raise UnsupportedFeatureError("sgl.Runtime (a server launched by the program): start "
                                   "`arbor serve` and use sgl.RuntimeEndpoint(url), or sgl.Engine(model_path)")
@@ -315,6 +327,20 @@ class SglFunction(Program):
         kwargs.pop("use_thread", None)
         kwargs.pop("return_text_in_logprobs", None)
         return super().run_batch(batch_kwargs, *args, **kwargs)
+
+
+# SGLang names with no Arbor counterpart: using one raises an error that names it.
+_UNMAPPED = {
+    "Anthropic": "the Anthropic backend", "VertexAI": "the VertexAI backend",
+    "LiteLLM": "the LiteLLM backend", "flush_cache": "flush_cache (the radix cache evicts by itself)",
+    "get_server_info": "get_server_info (use the server's GET /health and /metrics)",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _UNMAPPED:
+        raise UnsupportedFeatureError(f"sgl.{name}: {_UNMAPPED[name]} is not supported by Arbor")
+    raise AttributeError(f"module 'frontend_dsl.sgl' has no attribute {name!r}")
 
 
 def function(func: Callable[..., Any] | None = None, num_api_spec_tokens: int | None = None) -> Any:

@@ -276,9 +276,16 @@ def test_unmappable_features_name_themselves() -> None:
                        (lambda: sgl.Runtime(model_path="x"), "sgl.Runtime"),
                        (lambda: sgl.separate_reasoning(), "separate_reasoning"),
                        (lambda: sgl.function(num_api_spec_tokens=4), "num_api_spec_tokens"),
-                       (lambda: sgl.RuntimeEndpoint("http://x", chat_template_name="llama"), "chat_template_name")]:
+                       (lambda: sgl.RuntimeEndpoint("http://x", chat_template_name="llama"), "chat_template_name"),
+                       (lambda: sgl.Anthropic("claude"), "sgl.Anthropic"), (lambda: sgl.flush_cache(), "flush_cache")]:
         with pytest.raises(UnsupportedFeatureError, match=name):
             call()
+
+
+def test_openai_maps_to_openai_backend() -> None:
+    pytest.importorskip("frontend_dsl.openai_backend", reason="OpenAIBackend lands with branch sampling")
+    backend = sgl.OpenAI("gpt-4o-mini", api_key="k")
+    assert (backend.model, backend.dialect) == ("gpt-4o-mini", "openai")
 
 
 def test_set_default_backend(tiny_engine: Any) -> None:
