@@ -116,7 +116,7 @@ def tree(s: Any, width: int = 3) -> None:
         idea += assistant(f"Idea {i}:" + gen("idea", max_tokens=8, ignore_eos=True, temperature=0))
         drafts = idea.fork(width)
         for j, draft in enumerate(drafts):
-            draft += user(f"Draft {j}:") + assistant(gen("draft", max_tokens=8, ignore_eos=True, temperature=0))
+            draft += user(f"Draft {j}:") + assistant(gen("draft", max_tokens=16, ignore_eos=True, temperature=0))
             draft += user("Good?") + assistant(select("ok", ["yes", "no"]))
         drafts.join()
     ideas.join()
