@@ -22,6 +22,12 @@ their differing ``tools`` parsers). ``regex`` needs a server extension, named by
 exact output ids through ``return_tokens_as_token_ids``), ``"sglang"`` (``regex``), or
 ``"openai"`` (none: a regex, a Lark grammar, ``top_k`` or ``min_p`` raise
 ``GenerationError`` naming what is missing). Lark grammars are refused in every dialect.
+
+Sampling: ``frequency_penalty`` / ``presence_penalty`` are OpenAI fields; ``stop_token_ids``,
+``stop_regex``, ``ignore_eos``, ``min_tokens`` and ``repetition_penalty`` go as vLLM's and
+SGLang's extra-body fields (refused with dialect ``"openai"``). ``return_logprob`` reads the
+completions logprobs; ``top_logprobs_num`` needs their token ids (dialect ``"vllm"``);
+``logprob_start_len`` costs one more scoring request (echo) for the prompt's logprobs.
 """
 
 from __future__ import annotations
@@ -97,26 +103,42 @@ class OpenAIBackend(Backend):
     # ---- model side ----
     async def generate(self, input_ids: list[int], params: GenParams) -> AsyncIterator[GenChunk]:
         body = self._sampling(params)
+        top_k = params.top_logprobs_num if params.return_logprob else 0
+        if top_k and (self.chat_mode or self.dialect != "vllm"):
+            raise GenerationError("top_logprobs_num needs the tokens' ids: completions mode (tokenizer=) "
+                                  "with dialect='vllm'")
         if isinstance(self.codec, _ChatMarkup):
             path, body["messages"] = "/chat/completions", self.codec.messages_for_gen(input_ids)
         else:
             path, body["prompt"] = "/completions", list(input_ids)
             if self.dialect == "vllm":  # the model's own output ids, not a re-encoding
-                body.update(logprobs=0, return_tokens_as_token_ids=True)
+                body.update(logprobs=top_k, return_tokens_as_token_ids=True)
             elif params.return_logprob:
                 body["logprobs"] = 0
-        text, ids, logprobs = "", list[int](), list[float]()
+        prompt_lps = await self._prompt_logprobs(input_ids, params)
+        text, ids, logprobs, tops = "", list[int](), list[float](), list[dict[int, float]]()
         async for choice, usage in self._stream(path, body):
             delta_text, delta_ids, delta_lps = self._delta(choice)
             text, ids, logprobs = text + delta_text, ids + delta_ids, logprobs + delta_lps
+            tops += _top_by_id((choice.get("logprobs") or {}).get("top_logprobs")) if top_k else []
             if (finish := choice.get("finish_reason")) is not None:
                 cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-                yield GenChunk(delta_text, delta_ids, text, ids, finish,
-                               logprobs if params.return_logprob else None, cached or 0,
-                               choice.get("constraint_check"))
+                yield GenChunk(delta_text, delta_ids, text=text, token_ids=ids, finish_reason=finish,
+                               logprobs=logprobs if params.return_logprob else None,
+                               num_cached_tokens=cached or 0, constraint_check=choice.get("constraint_check"),
+                               top_logprobs=tops if top_k else None, prompt_logprobs=prompt_lps)
                 return
             yield GenChunk(delta_text, delta_ids)
         raise GenerationError("the server ended the stream without a finish_reason")
+
+    async def _prompt_logprobs(self, input_ids: list[int], params: GenParams) -> list[float | None] | None:
+        """Prompt logprobs from ``logprob_start_len`` on (one scoring request), when asked."""
+        if not params.return_logprob or params.logprob_start_len is None:
+            return None
+        start = max(1, params.logprob_start_len)
+        if start >= len(input_ids):
+            return [None] * len(input_ids)
+        return [None] * start + list[float | None](await self.score(input_ids, start))
 
     async def score(self, input_ids: list[int], start: int) -> list[float]:
         if self.chat_mode:
@@ -141,6 +163,16 @@ class OpenAIBackend(Backend):
                 if key in ("top_k", "min_p") and self.dialect == "openai":
                     raise GenerationError(f"{key} is not an OpenAI API field; use dialect='vllm' or 'sglang'")
                 body[key] = value
+        extras = params.engine_extras()  # stop ids/regexes, min_tokens, penalties, logprobs
+        for key in ("frequency_penalty", "presence_penalty"):  # OpenAI's own fields
+            if key in extras:
+                body[key] = extras.pop(key)
+        for key in ("top_logprobs", "prompt_logprobs", "logprob_start_len"):  # see generate
+            extras.pop(key, None)
+        for key, value in extras.items():  # vLLM's and SGLang's extra-body names
+            if self.dialect == "openai":
+                raise GenerationError(f"{key} is not an OpenAI API field; use dialect='vllm' or 'sglang'")
+            body[key] = list(value) if isinstance(value, tuple) else value
         if (c := params.constraint) is not None:
             body.update(self._constraint(c))
         return body
@@ -209,6 +241,11 @@ class OpenAIBackend(Backend):
                         yield choice, None
         if held is not None:
             yield held, usage
+
+
+def _top_by_id(top: list[dict[str, float]] | None) -> list[dict[int, float]]:
+    """Completions' top_logprobs with "token_id:<id>" keys, as id -> logprob."""
+    return [{int(k.split(":")[1]): float(v) for k, v in step.items()} for step in top or [] if step is not None]
 
 
 def _error_message(text: str) -> str:

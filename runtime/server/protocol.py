@@ -107,8 +107,9 @@ class ConstraintCheckInfo(BaseModel):
     """Arbor's own field, on the final output of a constrained request
     (``runtime.ConstraintCheck``): was the output measured against the whole constraint?"""
 
-    relaxed: str | None  # what the grammar did not enforce (the keywords); null: exact grammar
-    valid: bool | None  # satisfies the whole constraint; null: cut by the length cap
+    # NOTE: defaults, because a streamed chunk is sent with exclude_none (a None is absent).
+    relaxed: str | None = None  # what the grammar did not enforce (the keywords); null: exact grammar
+    valid: bool | None = None  # satisfies the whole constraint; null: cut by the length cap
     checked: bool  # parsed and checked (jsonschema...); false: valid by construction
     error: str | None = None  # why not, when valid is false
 
@@ -195,6 +196,8 @@ class ProgramResult(BaseModel):
     variables: dict[str, Any]
     text: str
     latency: float
+    run_id: str | None = None  # the run's entry in /ui/api/runs
+    trace: dict[str, Any] | None = None  # the run's trace (format arbor.run_trace/1), when asked for
 
 
 # ---- OpenAI-compatible -------------------------------------------------------------------

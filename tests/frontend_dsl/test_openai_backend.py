@@ -21,13 +21,18 @@ def test_every_gen_setting_goes_on_the_wire() -> None:
     # NOTE: a new GenParams field fails here until _sampling sends it (or refuses it).
     assert {f.name for f in dataclasses.fields(GenParams)} == {
         "max_tokens", "stop", "temperature", "top_p", "top_k", "min_p", "seed", "constraint",
-        "return_logprob", "speculation"}
+        "return_logprob", "speculation", "stop_token_ids", "stop_regex", "ignore_eos", "min_tokens",
+        "frequency_penalty", "presence_penalty", "repetition_penalty", "top_logprobs_num", "logprob_start_len"}
     params = GenParams(max_tokens=7, stop=(".",), temperature=0.5, top_p=0.9, top_k=3, min_p=0.1, seed=4,
-                       constraint=make_constraint("[0-9]+", None, None))
+                       constraint=make_constraint("[0-9]+", None, None), stop_token_ids=(9,),
+                       stop_regex=("x+",), ignore_eos=True, min_tokens=2, frequency_penalty=0.5,
+                       presence_penalty=-0.5, repetition_penalty=1.2)
     body = backend()._sampling(params)
     assert body == {"model": "m", "max_tokens": 7, "stream": True, "stream_options": {"include_usage": True},
                     "stop": ["."], "temperature": 0.5, "top_p": 0.9, "seed": 4, "top_k": 3, "min_p": 0.1,
-                    "guided_regex": "[0-9]+"}
+                    "guided_regex": "[0-9]+", "stop_token_ids": [9], "stop_regex": ["x+"], "ignore_eos": True,
+                    "min_tokens": 2, "frequency_penalty": 0.5, "presence_penalty": -0.5,
+                    "repetition_penalty": 1.2}
     assert backend("sglang")._sampling(GenParams(constraint=make_constraint("a+", None, None)))["regex"] == "a+"
 
 
@@ -40,6 +45,7 @@ def test_json_schema_goes_as_response_format() -> None:
 
 @pytest.mark.parametrize(("params", "message"), [
     (GenParams(top_k=3), "top_k is not an OpenAI API field"),
+    (GenParams(min_tokens=3), "min_tokens is not an OpenAI API field"),
     (GenParams(constraint=make_constraint("a+", None, None)),
      "a regex constraint needs a server extension that dialect 'openai' does not have"),
     (GenParams(constraint=make_constraint(None, None, "start: \"a\"")), "a grammar constraint needs"),

@@ -114,3 +114,22 @@ def programs_qa(backend: Any) -> Any:
         s += "Hi" + gen("x", max_tokens=2, temperature=0)
 
     return one.run(backend)
+
+
+@program
+def penalized(s, prompt: str):
+    s += prompt
+    s += gen("x", max_tokens=10, temperature=0, ignore_eos=True, frequency_penalty=1.0, presence_penalty=0.5,
+             repetition_penalty=1.3, min_tokens=2, stop_regex="zzz")
+    s += gen("y", max_tokens=4, temperature=0, return_logprob=True, top_logprobs_num=3, logprob_start_len=2)
+
+
+def test_penalties_and_logprobs_through_openai(server: Any, engine: Any) -> None:
+    local = penalized.run(engine, prompt="one two three one two three one two")
+    remote = penalized.run(_openai(server, tokenizer=engine.tokenizer), prompt="one two three one two three one two")
+    _same(remote, local)
+    ours, theirs = remote.get_meta("y"), local.get_meta("y")
+    assert ours["logprobs"] == pytest.approx(theirs["logprobs"], abs=1e-4) and len(theirs["logprobs"]) == 4
+    assert ours["prompt_logprobs"] == pytest.approx(theirs["prompt_logprobs"], abs=1e-4)
+    assert [set(d) for d in ours["top_logprobs"]] == [set(d) for d in theirs["top_logprobs"]]
+    assert all(len(d) == 3 for d in theirs["top_logprobs"])
