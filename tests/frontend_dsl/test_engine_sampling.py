@@ -1,9 +1,7 @@
 """min_tokens, stop_regex and the three penalties from ``gen`` to the real engine.
 
-NOTE: the engine's sampler implements these on branch ``sampling`` (issue 17); until it is
-merged the engine refuses them, and these tests skip saying so. After the merge they must
-pass: the DSL's output equals the engine's own for the same settings, and each setting
-changes the output the way it should.
+The DSL's output equals the engine's own for the same settings, and each setting changes
+the output the way it should.
 """
 
 from __future__ import annotations
@@ -18,22 +16,8 @@ from frontend_dsl import gen, program
 PROMPT = "The numbers are one two three one two three one two"
 
 
-def _engine_implements_sampling_extras(engine: Any) -> bool:
-    from runtime import InvalidRequestError, SamplingParams
-
-    try:
-        engine.generate("x", sampling_params=SamplingParams(max_new_tokens=1, frequency_penalty=0.1))
-    except InvalidRequestError as exc:
-        if "not implemented" in str(exc):
-            return False
-        raise
-    return True
-
-
 @pytest.fixture
 def engine(tiny_engine: Any) -> Any:
-    if not _engine_implements_sampling_extras(tiny_engine):
-        pytest.skip("the engine refuses penalties/min_tokens/stop_regex until branch `sampling` is merged")
     return tiny_engine
 
 
@@ -53,10 +37,6 @@ def _dsl(backend: Any, **settings: Any) -> Any:
 
 
 def test_penalties_over_runtime_endpoint_match_the_engine(engine: Any, endpoint: Any) -> None:
-    from runtime.server.protocol import NativeSamplingParams
-
-    if "frequency_penalty" not in NativeSamplingParams.model_fields:
-        pytest.skip("the native API takes penalties once branch `sampling` is merged")
     settings = {"max_tokens": 10, "ignore_eos": True, "frequency_penalty": 1.0, "repetition_penalty": 1.3,
                 "min_tokens": 2, "stop_regex": "zzz"}
     remote = _dsl(endpoint, **settings)

@@ -283,7 +283,6 @@ def test_unmappable_features_name_themselves() -> None:
 
 
 def test_openai_maps_to_openai_backend() -> None:
-    pytest.importorskip("frontend_dsl.openai_backend", reason="OpenAIBackend lands with branch sampling")
     backend = sgl.OpenAI("gpt-4o-mini", api_key="k")
     assert (backend.model, backend.dialect) == ("gpt-4o-mini", "openai")
 
