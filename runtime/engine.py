@@ -61,7 +61,7 @@ class Engine:
         self.vocab_size = args.vocab_size
         self.pool = PagePool(num_pages, cfg.page_size)
         self.kv = KVCache(args.num_layers, num_pages, cfg.page_size, args.num_kv_heads,
-                          args.head_dim, self.dtype, self.device)
+                          args.head_dim, loaded.kv_dtype, self.device)
         self.cache: PrefixCache = NoPrefixCache(self.pool) if cfg.disable_prefix_cache else RadixTree(self.pool)
         assert cfg.chunked_prefill_size is not None and cfg.spec_fixed_cost_rows is not None
         self.scheduler = Scheduler(self.pool, self.cache, make_policy(cfg.schedule_policy),
