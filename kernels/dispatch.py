@@ -96,6 +96,10 @@ def store_kv(
         from kernels.triton.store_kv import store_kv as triton_impl
 
         return triton_impl(k_buffer, v_buffer, k, v, slot_idx, k_scale, v_scale)
+    native = _native(k)
+    if (native is not None and k_scale is not None and v_scale is not None
+            and native.store_kv.supports(k_buffer, k) and native.store_kv.supports(v_buffer, v)):
+        return native.store_kv(k_buffer, v_buffer, k, v, slot_idx, k_scale, v_scale)
     return reference.store_kv(k_buffer, v_buffer, k, v, slot_idx, k_scale, v_scale)
 
 

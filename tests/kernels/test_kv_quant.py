@@ -151,3 +151,33 @@ def test_dispatch_merges_shared_prefixes_on_quantized_pool(
     out = kernels.decode_attention(q, qb.k_codes, qb.v_codes, batch.page_table, batch.seq_lens, 16,
                                    0.125, plan, qb.k_scale, qb.v_scale)
     torch.testing.assert_close(out, naive_attention(q, qb.dequantized, 0.125), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", QUANT_DTYPES)
+def test_cpu_store_kv_writes_the_reference_codes_and_scales(cpu_kernels: CpuKernels, dtype: torch.dtype) -> None:
+    """Bit for bit, on rows of every range (fp8 subnormals and mantissa carries included),
+    from k / v slices of a fused projection (a token stride wider than the heads)."""
+    gen = torch.Generator().manual_seed(0)
+    qkv = torch.randn(40, 4 + 2 * 3, 64, generator=gen) * torch.logspace(-4, 4, 40)[:, None, None]
+    k, v = qkv[:, 4:7], qkv[:, 7:]
+    k[0, 1] = 0.0
+    slots = torch.randperm(64, generator=gen)[:40]
+    pools = [[torch.zeros(64, 3, 64, dtype=dtype) for _ in range(2)] + [torch.zeros(64, 3) for _ in range(2)]
+             for _ in range(2)]
+    reference.store_kv(pools[0][0], pools[0][1], k, v, slots, pools[0][2], pools[0][3])
+    cpu_kernels.store_kv(pools[1][0], pools[1][1], k, v, slots, pools[1][2], pools[1][3])
+    for expected, got in zip(pools[0], pools[1], strict=True):
+        assert torch.equal(got.view(torch.uint8) if got.dtype == dtype else got,
+                           expected.view(torch.uint8) if expected.dtype == dtype else expected)
+    with pytest.raises(ValueError, match="outside"):
+        cpu_kernels.store_kv(*pools[1][:2], k[:1], v[:1], torch.tensor([64]), *pools[1][2:])
+
+
+def test_dispatch_stores_through_the_native_kernel(cpu_kernels: CpuKernels, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dispatch, "_cpu", cpu_kernels)
+    calls = []
+    monkeypatch.setattr(type(cpu_kernels.store_kv), "__call__", lambda self, *a: calls.append(a))
+    buf = torch.zeros(4, 1, 8, dtype=torch.int8)
+    kernels.store_kv(buf, buf.clone(), torch.randn(1, 1, 8), torch.randn(1, 1, 8), torch.tensor([1]),
+                     torch.zeros(4, 1), torch.zeros(4, 1))
+    assert len(calls) == 1
