@@ -94,3 +94,25 @@ def test_default_model_next_tokens_agree_with_fp32_kv(default_engine: Engine) ->
             engine.close()
         assert agree / positions >= min_agreement, (kv_cache_dtype, agree / positions)
         assert kl / positions < max_kl, (kv_cache_dtype, kl / positions)
+
+
+def test_prefix_cache_reuses_8bit_pages_like_any_other(tiny_llama_dir: Path) -> None:
+    """Pages are pages: a second request on a cached int8 prefix reuses it, and gets the
+    tokens an engine without a prefix cache computes from scratch."""
+    prefix = list(range(2000, 2100))
+    prompts = [prefix + [300 + i] * 5 for i in range(3)]
+    params = SamplingParams(max_new_tokens=8, temperature=0.0)
+    outputs = {}
+    for disable in (False, True):
+        engine = Engine(model=str(tiny_llama_dir), kv_cache_dtype="int8", page_size=4, num_pages=256,
+                        num_threads=1, freeze_gc=False, disable_prefix_cache=disable)
+        try:
+            first = engine.generate(input_ids=prompts[0], sampling_params=params)
+            rest = engine.generate(input_ids=prompts[1:], sampling_params=params)
+            outputs[disable] = [o.token_ids for o in first + rest]
+            assert all(o.num_cached_tokens == (0 if disable else 100) for o in rest)
+            engine.wait_idle()
+            engine.check_integrity()
+        finally:
+            engine.close()
+    assert outputs[False] == outputs[True]
