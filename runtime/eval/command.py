@@ -30,6 +30,8 @@ def add_eval_parser(sub: Any) -> None:
     ev.add_argument("--candidate-url", help="replay on this server as the candidate instead")
     ev.add_argument("--api-key", help="bearer key for the servers")
     ev.add_argument("--limit", type=int, default=None, help="at most N samples of each set (quick runs)")
+    ev.add_argument("--speed-repeats", type=int, default=3,
+                    help="speed runs per side, taken in turns; the table shows medians")
     ev.add_argument("--json", type=Path, dest="json_path", metavar="PATH", help="write the report here")
     for name, (_, _, meaning) in GATES.items():
         ev.add_argument("--" + name.replace("_", "-"), type=float, default=None, help=f"gate: {meaning}")
@@ -54,6 +56,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     if args.limit is not None and args.limit < 1:
         raise InvalidRequestError("--limit must be >= 1")
+    if args.speed_repeats < 1:
+        raise InvalidRequestError("--speed-repeats must be >= 1")
     if args.json_path is not None and not args.json_path.parent.is_dir():
         raise InvalidRequestError(f"--json: no directory {args.json_path.parent}")
     for side in ("baseline", "candidate", "common"):  # NOTE: bad settings fail before any load
@@ -66,7 +70,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     try:
         candidate = _target(args, "candidate")
         try:
-            report = run_eval(baseline, candidate, samples, bounds)
+            report = run_eval(baseline, candidate, samples, bounds, args.speed_repeats)
         finally:
             candidate.close()
     finally:

@@ -9,13 +9,15 @@ Every measure is the mean over a fixed set, so two reports of the same sets comp
 - ``greedy_match``: share of ``prompts`` whose 32 greedy tokens are identical, and the
   mean share of tokens before the first difference;
 - per target: perplexity of ``corpus``, exact match of ``extraction`` and ``qa``, validity
-  of the constrained (JSON schema) outputs, decode speed (one stream, and all prompts).
+  of the constrained (JSON schema) outputs, decode speed (one stream, and all prompts;
+  medians of runs taken in turns).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -23,7 +25,7 @@ from typing import Any
 
 import torch
 
-from runtime.eval.report import Comparison, TargetScores
+from runtime.eval.report import Comparison
 from runtime.eval.samples import SampleSets, extraction_message, qa_prompt
 from runtime.eval.targets import Generation, GenParams, PositionDists, Target
 
@@ -142,15 +144,28 @@ def speed(target: Target, prompts: list[list[int]]) -> tuple[float, float, list[
     return single, batch, outs
 
 
-def score_target(target: Target, samples: SampleSets) -> tuple[TargetScores, list[Generation]]:
-    """Everything measured on one target alone (and its greedy outputs)."""
+def quality(target: Target, samples: SampleSets) -> tuple[float, float, float, float]:
+    """(perplexity, extraction exact match, constrained validity, QA exact match)."""
     timed: Callable[[str, Callable[[], Any]], Any] = _timed
     ppl = timed(f"{target.label}: perplexity", lambda: perplexity(target, samples.corpus))
     ext, valid = timed(f"{target.label}: extraction", lambda: extraction_scores(target, samples))
     qa = timed(f"{target.label}: few-shot QA", lambda: qa_exact(target, samples))
-    prompts = [target.encode(p) for p in samples.prompts]
-    single, batch, outs = timed(f"{target.label}: speed", lambda: speed(target, prompts))
-    return TargetScores(ppl, ext, valid, qa, single, batch), outs
+    return ppl, ext, valid, qa
+
+
+def speeds(targets: list[Target], samples: SampleSets, repeats: int) -> list[tuple[float, float, list[Generation]]]:
+    """Each target's median (single-stream, batch) tok/s over ``repeats`` runs, taken in
+    turns (A B A B ...) so drift in the machine's load hits both alike, and its greedy
+    outputs (the same every run: greedy)."""
+    prompts = [[t.encode(p) for p in samples.prompts] for t in targets]
+    runs: list[list[tuple[float, float, list[Generation]]]] = [[] for _ in targets]
+    for _ in range(repeats):
+        for target, ids, done in zip(targets, prompts, runs, strict=True):
+            start = time.perf_counter()
+            done.append(speed(target, ids))
+            _log(f"{target.label}: speed ({time.perf_counter() - start:.1f} s)")
+    return [(statistics.median(r[0] for r in done), statistics.median(r[1] for r in done), done[-1][2])
+            for done in runs]
 
 
 def _timed(what: str, fn: Callable[[], Any]) -> Any:

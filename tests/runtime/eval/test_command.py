@@ -30,7 +30,8 @@ def test_eval_compares_two_engine_settings_and_writes_the_report(
     path = tmp_path / "report.json"
     status = main(["eval", "--model", str(tiny_llama_dir), "--common", _common(),
                    "--baseline", "kv_cache_dtype=auto", "--candidate", "kv_cache_dtype=int8",
-                   "--limit", "2", "--json", str(path), "--min-valid", "0", "--max-kl", "10"])
+                   "--limit", "2", "--json", str(path), "--min-valid", "0", "--max-kl", "10",
+                   "--speed-repeats", "2"])
     out = capsys.readouterr().out
     assert status == 0, out
     assert "kv_cache_dtype=auto" in out and "kv_cache_dtype=int8" in out and "next-token top-1" in out
@@ -51,7 +52,7 @@ def test_eval_compares_two_engine_settings_and_writes_the_report(
 
 def test_identical_settings_agree_fully_and_a_failing_gate_exits_1(
         tiny_llama_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    status = main(["eval", "--model", str(tiny_llama_dir), "--common", _common(), "--limit", "1",
+    status = main(["eval", "--model", str(tiny_llama_dir), "--common", _common(), "--limit", "1", "--speed-repeats", "1",
                    "--min-agreement", "1.0", "--max-kl", "1e-9", "--min-greedy-match", "1.0",
                    "--max-ppl-ratio", "0.5"])
     out = capsys.readouterr().out
@@ -64,6 +65,7 @@ def test_identical_settings_agree_fully_and_a_failing_gate_exits_1(
     (["--candidate", "kv_cache_dtype=int3"], "kv_cache_dtype must be one of"),
     (["--baseline", "nonsense=1"], "unknown engine setting 'nonsense'"),
     (["--limit", "0"], "--limit must be >= 1"),
+    (["--speed-repeats", "0"], "--speed-repeats must be >= 1"),
     (["--json", "/no/such/dir/r.json"], "--json: no directory"),
 ])
 def test_bad_arguments_exit_2_before_loading_anything(
@@ -87,7 +89,8 @@ def test_eval_against_two_servers_uses_top_k_distributions(
     """The same server on both sides: every measure agrees exactly, through HTTP."""
     path = tmp_path / "report.json"
     status = main(["eval", "--baseline-url", tiny_server.url, "--candidate-url", tiny_server.url,
-                   "--limit", "1", "--json", str(path), "--min-agreement", "1.0", "--max-kl", "1e-6"])
+                   "--limit", "1", "--json", str(path), "--min-agreement", "1.0", "--max-kl", "1e-6",
+                   "--speed-repeats", "1"])
     assert status == 0, capsys.readouterr().out
     report = json.loads(path.read_text())
     assert report["comparison"]["kl_method"] == "top-20"
