@@ -84,3 +84,18 @@ def test_the_kv_pool_size_counts_an_8bit_pools_real_bytes(
                  "num_hidden_layers": 2, "max_position_embeddings": 128}
     pages, _ = engine_setup.size_pool(EngineConfig(), hf_config, torch.device("cpu"), kv_dtype)
     assert pages == num_pages
+
+
+def test_fp8_kv_is_refused_on_a_gpu_without_fp8(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An A100 (compute capability 8.0) has no fp8: a typed error that names int8 instead.
+    (CUDA itself is faked: only the capability is read.)"""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
+    cuda = torch.device("cuda")
+    with pytest.raises(InvalidRequestError, match="compute capability >= 8.9.*kv_cache_dtype='int8'"):
+        engine_setup.resolve_kv_dtype("fp8", cuda, torch.bfloat16)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert engine_setup.resolve_kv_dtype("fp8", cuda, torch.bfloat16) == torch.float8_e4m3fn
+    assert engine_setup.resolve_kv_dtype("int8", cuda, torch.bfloat16) == torch.int8
+    assert engine_setup.resolve_kv_dtype("auto", cuda, torch.bfloat16) == torch.bfloat16
+    assert engine_setup.resolve_kv_dtype("fp8", torch.device("cpu"), torch.float32) == torch.float8_e4m3fn
