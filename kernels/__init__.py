@@ -12,6 +12,8 @@ KV pool layout (shared by every op)::
     slot = page_idx * page_size + offset_in_page
     page_table         : [batch, max_pages] int32, row b lists request b's pages in order;
                          entries past the request's last page are ignored (any value)
+    k_scale, v_scale   : [num_slots, num_kv_heads] fp32, only beside an int8 / fp8 pool:
+                         one scale per (token, head) row (``kernels.reference.kv_quant``)
 """
 
 from kernels.dispatch import (
@@ -30,18 +32,23 @@ from kernels.dispatch import (
     silu_and_mul,
     store_kv,
 )
+from kernels.reference.kv_quant import KV_QUANT_QMAX, dequantize_kv, is_quantized_kv, quantize_kv
 
 __all__ = [
+    "KV_QUANT_QMAX",
     "AttentionPlan",
     "SharedPrefix",
     "add_rms_norm",
     "apply_rotary",
     "decode_attention",
+    "dequantize_kv",
     "enable_cpu_kernels",
     "extend_attention",
     "get_kernel_backend",
+    "is_quantized_kv",
     "plan_decode",
     "plan_extend",
+    "quantize_kv",
     "rms_norm",
     "set_kernel_backend",
     "silu_and_mul",

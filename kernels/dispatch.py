@@ -88,13 +88,19 @@ def store_kv(
     k: torch.Tensor,  # [T, Hkv, D]
     v: torch.Tensor,  # [T, Hkv, D]
     slot_idx: torch.Tensor,  # [T] int64
+    k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] fp32, for an int8 / fp8 pool
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """See ``kernels.reference.attention.store_kv``."""
     if _use_triton(k):
         from kernels.triton.store_kv import store_kv as triton_impl
 
-        return triton_impl(k_buffer, v_buffer, k, v, slot_idx)
-    return reference.store_kv(k_buffer, v_buffer, k, v, slot_idx)
+        return triton_impl(k_buffer, v_buffer, k, v, slot_idx, k_scale, v_scale)
+    native = _native(k)
+    if (native is not None and k_scale is not None and v_scale is not None
+            and native.store_kv.supports(k_buffer, k) and native.store_kv.supports(v_buffer, v)):
+        return native.store_kv(k_buffer, v_buffer, k, v, slot_idx, k_scale, v_scale)
+    return reference.store_kv(k_buffer, v_buffer, k, v, slot_idx, k_scale, v_scale)
 
 
 def plan_decode(
@@ -121,6 +127,8 @@ def decode_attention(
     page_size: int,
     scale: float,
     plan: AttentionPlan | None = None,
+    k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] fp32, for an int8 / fp8 pool
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
     """See ``kernels.reference.attention.decode_attention``.
 
@@ -132,7 +140,8 @@ def decode_attention(
     if _use_triton(q):
         from kernels.triton.decode_attention import decode_attention as triton_impl
 
-        return triton_impl(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale)
+        return triton_impl(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale,
+                           k_scale=k_scale, v_scale=v_scale)
     native = _native(q)
     if native is not None and native.decode_attention.supports(q, k_buffer):
         if q.shape[0] == 0:
@@ -140,10 +149,11 @@ def decode_attention(
         plan = plan or reference.plan_decode(page_table, seq_lens, page_size)
         assert plan.page_table is not None and plan.seq_lens is not None, "not a decode plan"
         out, lse = native.decode_attention(q, k_buffer, v_buffer, plan.page_table, plan.seq_lens,
-                                           page_size, scale)
-        reference.merge_shared_prefixes(out, lse, q, plan, k_buffer, v_buffer, scale)
+                                           page_size, scale, k_scale, v_scale)
+        reference.merge_shared_prefixes(out, lse, q, plan, k_buffer, v_buffer, scale, k_scale, v_scale)
         return out
-    return reference.decode_attention(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale, plan=plan)
+    return reference.decode_attention(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale,
+                                      plan=plan, k_scale=k_scale, v_scale=v_scale)
 
 
 def extend_attention(
@@ -157,6 +167,8 @@ def extend_attention(
     page_size: int,
     scale: float,
     plan: AttentionPlan | None = None,
+    k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] fp32, for an int8 / fp8 pool
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
     """See ``kernels.reference.attention.extend_attention`` (``plan`` as in decode, from
     ``plan_extend``)."""
@@ -164,11 +176,12 @@ def extend_attention(
         from kernels.triton.extend_attention import extend_attention as triton_impl
 
         return triton_impl(
-            q, k_buffer, v_buffer, page_table, prefix_lens, extend_lens, qo_indptr, page_size, scale
+            q, k_buffer, v_buffer, page_table, prefix_lens, extend_lens, qo_indptr, page_size, scale,
+            k_scale=k_scale, v_scale=v_scale,
         )
     return reference.extend_attention(
         q, k_buffer, v_buffer, page_table, prefix_lens, extend_lens, qo_indptr, page_size, scale,
-        plan=plan,
+        plan=plan, k_scale=k_scale, v_scale=v_scale,
     )
 
 

@@ -1,4 +1,5 @@
-"""The ``arbor`` command: ``arbor generate "prompt"``, ``arbor serve`` and ``arbor trace FILE``.
+"""The ``arbor`` command: ``arbor generate "prompt"``, ``arbor serve``, ``arbor trace FILE``
+and ``arbor eval`` (the quality replay, ``runtime/eval/command.py``).
 
 Every ``EngineConfig`` field is a flag (``max_model_len`` ↔ ``--max-model-len``).
 """
@@ -14,6 +15,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from runtime.config import EngineConfig
 from runtime.errors import ArborError
+from runtime.eval.command import add_eval_parser
 from runtime.server.launch import add_server_flags
 
 
@@ -116,13 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--out", default="benchmarks/results/traces", help="directory for the output files")
     add_engine_flags(tr)
     tr.set_defaults(func=_cmd_trace)
+    add_eval_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        EngineConfig.from_kwargs(**engine_kwargs(args))  # NOTE: bad settings fail before any load
+        if args.command != "eval":  # NOTE: bad settings fail before any load (eval: its own)
+            EngineConfig.from_kwargs(**engine_kwargs(args))
         result: int = args.func(args)
         return result
     except ArborError as exc:

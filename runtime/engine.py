@@ -33,6 +33,7 @@ from runtime.errors import InvalidRequestError, PromptTooLongError
 from runtime.model.kv_cache import KVCache
 from runtime.model.loader import eos_token_ids
 from runtime.model.runner import ModelRunner
+from runtime.model.scorer import Scorer
 from runtime.output.processor import OutputProcessor
 from runtime.output.state import OutputCallback
 from runtime.outputs import RequestOutput, final_output
@@ -61,13 +62,14 @@ class Engine:
         self.vocab_size = args.vocab_size
         self.pool = PagePool(num_pages, cfg.page_size)
         self.kv = KVCache(args.num_layers, num_pages, cfg.page_size, args.num_kv_heads,
-                          args.head_dim, self.dtype, self.device)
+                          args.head_dim, loaded.kv_dtype, self.device)
         self.cache: PrefixCache = NoPrefixCache(self.pool) if cfg.disable_prefix_cache else RadixTree(self.pool)
         assert cfg.chunked_prefill_size is not None and cfg.spec_fixed_cost_rows is not None
         self.scheduler = Scheduler(self.pool, self.cache, make_policy(cfg.schedule_policy),
                                    cfg.max_running_requests, cfg.max_prefill_tokens,
                                    cfg.decode_reserve_tokens, cfg.chunked_prefill_size)
         self.runner = ModelRunner(self.model, self.kv, self.device)
+        self._scorer = Scorer(self.model, loaded.kv_dtype, cfg.page_size, self.device)
         self.eos_token_ids = eos_token_ids(loaded.hf_config, self.tokenizer.eos_token_id)
         self.outputs = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len,
                                        torch.Generator().manual_seed(cfg.seed),
@@ -265,6 +267,20 @@ class Engine:
         """Render ``messages`` with the model's chat template."""
         return str(self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt))
+
+    def score(self, input_ids: list[int]) -> torch.Tensor:  # [len(input_ids), vocab] fp32
+        """Logits of every position of ``input_ids`` (row ``i``: the token after
+        ``input_ids[:i + 1]``), as serving computes them (same kernels, same KV dtype), for
+        quality replays (``arbor eval``). Runs on the caller's thread between two steps.
+
+        Raises:
+            InvalidRequestError / PromptTooLongError: empty, out-of-vocabulary or too long.
+        """
+        ids = self._prompt_ids(None, input_ids)
+        if len(ids) > self.max_model_len:
+            raise PromptTooLongError(f"{len(ids)} tokens to score; max_model_len is {self.max_model_len}")
+        with self._core.between_steps():
+            return self._scorer.logits(ids)
 
     # ---- introspection --------------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:

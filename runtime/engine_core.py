@@ -113,6 +113,13 @@ class EngineCore:
         with self._cv:
             yield
 
+    @contextlib.contextmanager
+    def between_steps(self) -> Iterator[None]:
+        """Hold the loop between two steps: for work that runs the model outside the
+        batch (``Engine.score``), so the two never compete for the cores."""
+        with self._step_lock:
+            yield
+
     def abort(self, request_id: str) -> None:
         """Cancel a request; its pages are released on the next step."""
         self._post("abort", request_id)

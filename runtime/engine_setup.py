@@ -47,6 +47,27 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
+def resolve_kv_dtype(name: str, device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """The KV pool's stored dtype: the model's for "auto", else int8 / fp8 e4m3 codes.
+
+    Raises:
+        InvalidRequestError: fp8 on a CUDA device without fp8 (compute capability < 8.9),
+            where the Triton kernels cannot convert it.
+    """
+    if name == "auto":
+        return dtype
+    if name == "int8":
+        return torch.int8
+    if name != "fp8":
+        raise InvalidRequestError(f"kv_cache_dtype must be 'auto', 'int8' or 'fp8', got {name!r}")
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        raise InvalidRequestError(
+            f"kv_cache_dtype 'fp8' needs a GPU with fp8 (compute capability >= 8.9); "
+            f"{torch.cuda.get_device_name(device)} has {torch.cuda.get_device_capability(device)}. "
+            "Use kv_cache_dtype='int8'.")
+    return torch.float8_e4m3fn
+
+
 def use_prepacked_linears(device: torch.device, dtype: torch.dtype) -> bool:
     """oneDNN-prepacked linears pay on the CPU in fp32 (see ``kernels.onednn``)."""
     return device.type == "cpu" and dtype == torch.float32 and onednn.available()
@@ -81,18 +102,19 @@ def _free_memory_bytes(device: torch.device) -> int:
 
 
 def size_pool(
-    cfg: EngineConfig, hf_config: dict[str, Any], device: torch.device, dtype: torch.dtype
+    cfg: EngineConfig, hf_config: dict[str, Any], device: torch.device, kv_dtype: torch.dtype
 ) -> tuple[int, int]:
     """Returns (num_pages, max_model_len).
 
-    ``num_pages`` comes from the config or from ``mem_fraction`` of free memory;
+    ``num_pages`` comes from the config or from ``mem_fraction`` of free memory, at the
+    pool's real bytes per token (``kv_dtype``'s, with an 8-bit pool's scales);
     ``max_model_len`` is capped by the model's positions and by the pool, so one request
     alone always fits (retraction can then always make progress).
     """
     heads = int(hf_config["num_attention_heads"])
     kv_heads = int(hf_config.get("num_key_value_heads") or heads)
     head_dim = int(hf_config.get("head_dim") or int(hf_config["hidden_size"]) // heads)
-    per_token = KVCache.bytes_per_token(int(hf_config["num_hidden_layers"]), kv_heads, head_dim, dtype)
+    per_token = KVCache.bytes_per_token(int(hf_config["num_hidden_layers"]), kv_heads, head_dim, kv_dtype)
     if cfg.num_pages is not None:
         num_pages = cfg.num_pages
     else:
@@ -113,6 +135,7 @@ class LoadedModel:
     config: EngineConfig  # with the device-dependent defaults filled in
     device: torch.device
     dtype: torch.dtype
+    kv_dtype: torch.dtype  # the KV pool's stored dtype (``resolve_kv_dtype``)
     model_dir: Path  # the HF-style directory (a GGUF file's cached conversion)
     tokenizer: Any  # transformers tokenizer
     hf_config: dict[str, Any]
@@ -132,10 +155,11 @@ def load_engine_model(requested: EngineConfig) -> LoadedModel:
     model_dir = resolve_model_dir(cfg.model)
     tokenizer = load_tokenizer(model_dir)
     hf_config = read_config(model_dir)
-    num_pages, max_model_len = size_pool(cfg, hf_config, device, dtype)
+    kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, device, dtype)
+    num_pages, max_model_len = size_pool(cfg, hf_config, device, kv_dtype)
     model = load_model(model_dir, device, dtype, max_model_len)
     if cfg.prepack_weights and use_prepacked_linears(device, dtype):
         model.prepack_linears()
     if device.type == "cpu":
         enable_cpu_kernels()
-    return LoadedModel(cfg, device, dtype, model_dir, tokenizer, hf_config, model, num_pages, max_model_len)
+    return LoadedModel(cfg, device, dtype, kv_dtype, model_dir, tokenizer, hf_config, model, num_pages, max_model_len)

@@ -5,6 +5,8 @@ keeps the torch reference as its specification and its fallback:
 
 - paged decode attention (``decode_attention.c``): the torch path gathers every request's
   K/V into a padded copy for SDPA; the kernel reads the pages in place;
+- quantizing store of new K/V into an int8 / fp8 pool (``store_kv.c``): one pass per row
+  instead of ~10 tensor ops;
 - the small ops of a block (``elementwise.c``): residual add + RMSNorm, SiLU-and-mul,
   rotary embedding in place, each one pass instead of 4-10 torch ops.
 """
@@ -17,6 +19,7 @@ from pathlib import Path
 from kernels.cpu.build import NativeBuildError
 from kernels.cpu.decode_attention import CpuDecodeAttention
 from kernels.cpu.elementwise import CpuElementwise
+from kernels.cpu.store_kv import CpuStoreKV
 
 
 @dataclass(frozen=True)
@@ -25,11 +28,12 @@ class CpuKernels:
 
     decode_attention: CpuDecodeAttention
     elementwise: CpuElementwise
+    store_kv: CpuStoreKV
 
     @classmethod
     def build(cls, cache_dir: Path) -> CpuKernels:
         """Compile (or load from ``cache_dir``) every kernel; raises ``NativeBuildError``."""
-        return cls(CpuDecodeAttention(cache_dir), CpuElementwise(cache_dir))
+        return cls(CpuDecodeAttention(cache_dir), CpuElementwise(cache_dir), CpuStoreKV(cache_dir))
 
 
-__all__ = ["CpuDecodeAttention", "CpuElementwise", "CpuKernels", "NativeBuildError"]
+__all__ = ["CpuDecodeAttention", "CpuElementwise", "CpuKernels", "CpuStoreKV", "NativeBuildError"]

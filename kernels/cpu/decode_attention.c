@@ -11,8 +11,15 @@
  * lse [B, Hq] = natural log-sum-exp of the scaled scores (-inf for an empty row, whose
  * out is 0), so partial results over disjoint key sets merge exactly.
  *
+ * Quantized pools (kv_kind 1 = int8, 2 = fp8 e4m3): k, v hold 8-bit codes and k_scale,
+ * v_scale [num_slots, Hkv] fp32 one scale per row, x = code * scale (kernels/reference/
+ * kv_quant.py). Codes become floats in registers; a key's scale multiplies its score once
+ * and a value's scale its softmax weight once, so the per-element work is one convert.
+ * fp8 codes are decoded through a 256-entry table (no CPU has fp8 arithmetic).
+ *
  * Returns 0; 1 when a length or page id is out of range (nothing is read outside the
- * pool; the outputs are then unspecified); 2 for a head_dim or Hq over 256, or Hq % Hkv != 0.
+ * pool; the outputs are then unspecified); 2 for a head_dim or Hq over 256, Hq % Hkv != 0, or
+ * an unknown kv_kind.
  */
 #include <math.h>
 #include <stdint.h>
@@ -20,9 +27,37 @@
 
 #include "fastmath.h"
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #define BLOCK 32      /* tokens scored between softmax updates */
 #define MAX_DIM 256   /* head_dim */
 #define MAX_HEADS 256 /* query heads (per-head state lives on the thread's stack) */
+
+enum { KV_F32 = 0, KV_INT8 = 1, KV_FP8 = 2 };
+
+/* fp8 e4m3fn -> float: sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent 0 is
+ * subnormal; 0x7f / 0xff are NaN (no infinities). Filled when the library loads. */
+static float fp8_table[256];
+
+__attribute__((constructor)) static void fill_fp8_table(void) {
+    for (int b = 0; b < 256; b++) {
+        const int exp = (b >> 3) & 15, man = b & 7;
+        float x = exp == 0 ? ldexpf((float)man / 8.0f, -6) : ldexpf(1.0f + (float)man / 8.0f, exp - 7);
+        if ((b & 0x7f) == 0x7f) x = NAN;
+        fp8_table[b] = (b & 0x80) ? -x : x;
+    }
+}
+
+/* Element i of a pool row as a float (the scalar path's loads). */
+static inline float elem(const void *row, int kind, int64_t i) {
+    if (kind == KV_INT8) return (float)((const int8_t *)row)[i];
+    if (kind == KV_FP8) return fp8_table[((const uint8_t *)row)[i]];
+    return ((const float *)row)[i];
+}
+
+static inline int64_t elem_size(int kind) { return kind == KV_F32 ? 4 : 1; }
 
 static void finish_head(const float *acc, float run_max, float run_sum, int64_t dim, float *out,
                         float *lse) {
@@ -36,14 +71,16 @@ static void finish_head(const float *acc, float run_max, float run_sum, int64_t 
     }
 }
 
-/* Scalar version for any head_dim (the fallback; the vector copies below cover 64 and 128). */
-static int attend_any(const float *q, const float *k, const float *v, const int32_t *pages,
-                      int64_t len, int64_t num_pages, int64_t page_size, int64_t hq, int64_t hkv,
-                      int64_t dim, float scale, float *out, float *lse) {
+/* Scalar version for any head_dim and any pool kind (the fallback; the vector copies below
+ * cover 64 and 128). ks / vs: the row scales (NULL for an fp32 pool). */
+static int attend_any(const float *q, const void *k, const void *v, const float *ks, const float *vs,
+                      int kind, const int32_t *pages, int64_t len, int64_t num_pages,
+                      int64_t page_size, int64_t hq, int64_t hkv, int64_t dim, float scale,
+                      float *out, float *lse) {
     float scores[BLOCK], acc[MAX_DIM];
-    const int64_t group = hq / hkv, row = hkv * dim;
+    const int64_t group = hq / hkv, row = hkv * dim, esize = elem_size(kind);
     for (int64_t h = 0; h < hq; h++) {
-        const int64_t off = (h / group) * dim;
+        const int64_t kvh = h / group, off = kvh * dim;
         const float *qh = q + h * dim;
         float run_max = -INFINITY, run_sum = 0.0f;
         memset(acc, 0, sizeof(float) * dim);
@@ -53,10 +90,11 @@ static int attend_any(const float *q, const float *k, const float *v, const int3
             for (int64_t j = 0; j < n; j++) {
                 const int64_t pos = start + j, page = pages[pos / page_size];
                 if (page < 0 || page >= num_pages) return 1;
-                const float *kr = k + (page * page_size + pos % page_size) * row + off;
+                const int64_t slot = page * page_size + pos % page_size;
+                const char *kr = (const char *)k + (slot * row + off) * esize;
                 float dot = 0.0f;
-                for (int64_t d = 0; d < dim; d++) dot += qh[d] * kr[d];
-                scores[j] = dot * scale;
+                for (int64_t d = 0; d < dim; d++) dot += qh[d] * elem(kr, kind, d);
+                scores[j] = dot * scale * (ks ? ks[slot * hkv + kvh] : 1.0f);
                 block_max = scores[j] > block_max ? scores[j] : block_max;
             }
             const float new_max = block_max > run_max ? block_max : run_max;
@@ -64,10 +102,12 @@ static int attend_any(const float *q, const float *k, const float *v, const int3
             for (int64_t d = 0; d < dim; d++) acc[d] *= keep;
             for (int64_t j = 0; j < n; j++) {
                 const int64_t pos = start + j, page = pages[pos / page_size];
-                const float *vr = v + (page * page_size + pos % page_size) * row + off;
+                const int64_t slot = page * page_size + pos % page_size;
+                const char *vr = (const char *)v + (slot * row + off) * esize;
                 const float w = exp_nonpos(scores[j] - new_max);
+                const float wv = w * (vs ? vs[slot * hkv + kvh] : 1.0f);
                 block_sum += w;
-                for (int64_t d = 0; d < dim; d++) acc[d] += w * vr[d];
+                for (int64_t d = 0; d < dim; d++) acc[d] += wv * elem(vr, kind, d);
             }
             run_sum = run_sum * keep + block_sum;
             run_max = new_max;
@@ -85,6 +125,37 @@ static inline v8 load8(const float *p) {
     v8 x;
     memcpy(&x, p, sizeof x);
     return x;
+}
+
+typedef int8_t c8 __attribute__((vector_size(8)));
+
+/* NOTE: GCC 12 turns __builtin_convertvector of 8 bytes into 8 scalar converts (10x
+ * slower than the fp32 kernel, measured), so AVX2 gets the two-instruction widening. */
+static inline v8 load8_int8(const int8_t *p) {
+#if defined(__AVX2__)
+    return (v8)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+#else
+    c8 x;
+    memcpy(&x, p, sizeof x);
+    return __builtin_convertvector(x, v8);
+#endif
+}
+
+/* e4m3 -> fp32 by moving bits: sign to bit 31, the 4 exponent and 3 mantissa bits to
+ * bits 20-26 make the fp32 value 2^(e - 127) * 1.m (or 0.m * 2^-126 for e = 0), and one
+ * multiply by 2^120 rebiases it to e4m3's 2^(e - 7) * 1.m (0.m * 2^-6): exact for every
+ * finite code. (The two NaN codes read as +-480; quantize_kv never writes them.) */
+static inline v8 load8_fp8(const uint8_t *p) {
+#if defined(__AVX2__)
+    const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
+    const __m256i mag = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7f)), 20);
+    return (v8)_mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(sign, mag)), _mm256_set1_ps(0x1p120f));
+#else
+    v8 x;
+    for (int i = 0; i < 8; i++) x[i] = fp8_table[p[i]];
+    return x;
+#endif
 }
 
 /* SHUF(a, b, i0..i7): lanes of the 16-lane concatenation [a, b]. clang and GCC >= 12 have
@@ -112,35 +183,32 @@ static inline v8 sum8(v8 a0, v8 a1, v8 a2, v8 a3, v8 a4, v8 a5, v8 a6, v8 a7) {
 #undef QUADS
 }
 
-/* The K and V rows (all KV heads of a token) of the block at ``start``. Rows past the end
- * of the block (up to a multiple of 8) repeat the first, so 8-key groups never read
- * garbage. Returns the block's token count, or -1 for a page id outside the pool. */
-static int64_t block_rows(const float *k, const float *v, const int32_t *pages, int64_t start,
-                          int64_t len, int64_t num_pages, int64_t page_size, int64_t row,
-                          const float **rows_k, const float **rows_v) {
+/* The pool slots of the block at ``start``. Entries past the end of the block (up to a
+ * multiple of 8) repeat the first, so 8-key groups never read garbage. Returns the block's
+ * token count, or -1 for a page id outside the pool. */
+static int64_t block_slots(const int32_t *pages, int64_t start, int64_t len, int64_t num_pages,
+                           int64_t page_size, int64_t *slots) {
     const int64_t n = len - start < BLOCK ? len - start : BLOCK;
     for (int64_t j = 0; j < n; j++) {
         const int64_t pos = start + j, page = pages[pos / page_size];
         if (page < 0 || page >= num_pages) return -1;
-        const int64_t slot = page * page_size + pos % page_size;
-        rows_k[j] = k + slot * row;
-        rows_v[j] = v + slot * row;
+        slots[j] = page * page_size + pos % page_size;
     }
-    for (int64_t j = n; j < (n + 7) / 8 * 8; j++) {
-        rows_k[j] = rows_k[0];
-        rows_v[j] = rows_v[0];
-    }
+    for (int64_t j = n; j < (n + 7) / 8 * 8; j++) slots[j] = slots[0];
     return n;
 }
 
 /* Blocks outer, heads inner: a block's K/V rows (all KV heads, BLOCK tokens) come from
  * memory once and serve every query head from L2. A head's query and accumulator live in
- * NC registers of 8 floats while it works on a block; between blocks they wait in accs. */
-#define DEFINE_ATTEND_VEC(NAME, NC)                                                           \
-    static int NAME(const float *q, const float *k, const float *v, const int32_t *pages,      \
-                    int64_t len, int64_t num_pages, int64_t page_size, int64_t hq, int64_t hkv,\
-                    int64_t dim, float scale, float *out, float *lse) {                        \
-        const float *bk[BLOCK], *bv[BLOCK]; /* the block's K and V rows */                     \
+ * NC registers of 8 floats while it works on a block; between blocks they wait in accs.
+ * T / LOAD8: the pool's element type and its 8-wide load as floats; QUANT: whether rows
+ * carry scales (a compile-time constant, so the fp32 copy multiplies by nothing). */
+#define DEFINE_ATTEND_VEC(NAME, NC, T, LOAD8, QUANT)                                          \
+    static int NAME(const float *q, const T *k, const T *v, const float *ks, const float *vs, \
+                    const int32_t *pages, int64_t len, int64_t num_pages, int64_t page_size,   \
+                    int64_t hq, int64_t hkv, int64_t dim, float scale, float *out,             \
+                    float *lse) {                                                              \
+        int64_t slots[BLOCK];                                                                  \
         float scores[BLOCK], run_max[hq], run_sum[hq];                                         \
         v8 accs[hq][NC];                                                                       \
         const int64_t group = hq / hkv, row = hkv * dim;                                       \
@@ -150,11 +218,10 @@ static int64_t block_rows(const float *k, const float *v, const int32_t *pages, 
             for (int c = 0; c < NC; c++) accs[h][c] = (v8){0};                                 \
         }                                                                                      \
         for (int64_t start = 0; start < len; start += BLOCK) {                                 \
-            const int64_t n =                                                                  \
-                block_rows(k, v, pages, start, len, num_pages, page_size, row, bk, bv);        \
+            const int64_t n = block_slots(pages, start, len, num_pages, page_size, slots);     \
             if (n < 0) return 1;                                                               \
             for (int64_t h = 0; h < hq; h++) {                                                 \
-                const int64_t off = (h / group) * dim;                                         \
+                const int64_t kvh = h / group, off = kvh * dim;                                \
                 v8 qv[NC], acc[NC];                                                            \
                 for (int c = 0; c < NC; c++) {                                                 \
                     qv[c] = load8(q + h * dim + 8 * c) * scale;                                \
@@ -163,15 +230,17 @@ static int64_t block_rows(const float *k, const float *v, const int32_t *pages, 
                 for (int64_t j0 = 0; j0 < n; j0 += 8) {                                        \
                     v8 part[8];                                                                \
                     for (int t = 0; t < 8; t++) {                                              \
-                        const float *kr = bk[j0 + t] + off;                                    \
-                        v8 s = qv[0] * load8(kr);                                              \
-                        for (int c = 1; c < NC; c++) s += qv[c] * load8(kr + 8 * c);           \
+                        const T *kr = k + slots[j0 + t] * row + off;                           \
+                        v8 s = qv[0] * LOAD8(kr);                                              \
+                        for (int c = 1; c < NC; c++) s += qv[c] * LOAD8(kr + 8 * c);           \
                         part[t] = s;                                                           \
                     }                                                                          \
                     v8 tot = sum8(part[0], part[1], part[2], part[3], part[4], part[5],        \
                                   part[6], part[7]);                                           \
                     memcpy(scores + j0, &tot, sizeof tot);                                     \
                 }                                                                              \
+                if (QUANT)                                                                     \
+                    for (int64_t j = 0; j < n; j++) scores[j] *= ks[slots[j] * hkv + kvh];     \
                 float block_max = -INFINITY, block_sum = 0.0f;                                 \
                 for (int64_t j = 0; j < n; j++)                                                \
                     block_max = scores[j] > block_max ? scores[j] : block_max;                 \
@@ -187,9 +256,9 @@ static int64_t block_rows(const float *k, const float *v, const int32_t *pages, 
                 run_max[h] = new_max;                                                          \
                 for (int c = 0; c < NC; c++) acc[c] *= keep;                                   \
                 for (int64_t j = 0; j < n; j++) {                                              \
-                    const float *vr = bv[j] + off;                                             \
-                    const float w = scores[j];                                                 \
-                    for (int c = 0; c < NC; c++) acc[c] += w * load8(vr + 8 * c);              \
+                    const T *vr = v + slots[j] * row + off;                                    \
+                    const float w = QUANT ? scores[j] * vs[slots[j] * hkv + kvh] : scores[j];  \
+                    for (int c = 0; c < NC; c++) acc[c] += w * LOAD8(vr + 8 * c);              \
                 }                                                                              \
                 for (int c = 0; c < NC; c++) accs[h][c] = acc[c];                              \
             }                                                                                  \
@@ -202,15 +271,39 @@ static int64_t block_rows(const float *k, const float *v, const int32_t *pages, 
         return 0;                                                                              \
     }
 
-DEFINE_ATTEND_VEC(attend_d64, 8)
-DEFINE_ATTEND_VEC(attend_d128, 16)
+DEFINE_ATTEND_VEC(attend_f32_d64, 8, float, load8, 0)
+DEFINE_ATTEND_VEC(attend_f32_d128, 16, float, load8, 0)
+DEFINE_ATTEND_VEC(attend_int8_d64, 8, int8_t, load8_int8, 1)
+DEFINE_ATTEND_VEC(attend_int8_d128, 16, int8_t, load8_int8, 1)
+DEFINE_ATTEND_VEC(attend_fp8_d64, 8, uint8_t, load8_fp8, 1)
+DEFINE_ATTEND_VEC(attend_fp8_d128, 16, uint8_t, load8_fp8, 1)
 
-int arbor_decode_attention(const float *q, const float *k, const float *v,
-                           const int32_t *page_table, const int32_t *seq_lens, float *out,
-                           float *lse, int64_t batch, int64_t hq, int64_t hkv, int64_t dim,
-                           int64_t max_pages, int64_t page_size, int64_t num_slots, float scale,
-                           int num_threads) {
+/* One request with the copy for its pool kind and head_dim. */
+static int attend(const float *q, const void *k, const void *v, const float *ks, const float *vs,
+                  int kind, const int32_t *pages, int64_t len, int64_t num_pages,
+                  int64_t page_size, int64_t hq, int64_t hkv, int64_t dim, float scale,
+                  float *out, float *lse) {
+#define CALL(FN, T) FN(q, (const T *)k, (const T *)v, ks, vs, pages, len, num_pages, page_size, \
+                       hq, hkv, dim, scale, out, lse)
+    if (kind == KV_F32 && dim == 64) return CALL(attend_f32_d64, float);
+    if (kind == KV_F32 && dim == 128) return CALL(attend_f32_d128, float);
+    if (kind == KV_INT8 && dim == 64) return CALL(attend_int8_d64, int8_t);
+    if (kind == KV_INT8 && dim == 128) return CALL(attend_int8_d128, int8_t);
+    if (kind == KV_FP8 && dim == 64) return CALL(attend_fp8_d64, uint8_t);
+    if (kind == KV_FP8 && dim == 128) return CALL(attend_fp8_d128, uint8_t);
+#undef CALL
+    return attend_any(q, k, v, ks, vs, kind, pages, len, num_pages, page_size, hq, hkv, dim, scale,
+                      out, lse);
+}
+
+int arbor_decode_attention(const float *q, const void *k, const void *v, const float *k_scale,
+                           const float *v_scale, int kv_kind, const int32_t *page_table,
+                           const int32_t *seq_lens, float *out, float *lse, int64_t batch,
+                           int64_t hq, int64_t hkv, int64_t dim, int64_t max_pages,
+                           int64_t page_size, int64_t num_slots, float scale, int num_threads) {
     if (hkv <= 0 || hq % hkv != 0 || hq > MAX_HEADS || dim > MAX_DIM) return 2;
+    if (kv_kind != KV_F32 && kv_kind != KV_INT8 && kv_kind != KV_FP8) return 2;
+    if (kv_kind != KV_F32 && (k_scale == NULL || v_scale == NULL)) return 2;
     const int64_t num_pages = num_slots / page_size;
     int bad = 0;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads) reduction(| : bad)
@@ -220,11 +313,9 @@ int arbor_decode_attention(const float *q, const float *k, const float *v,
             bad = 1;
             continue;
         }
-        int (*attend)(const float *, const float *, const float *, const int32_t *, int64_t,
-                      int64_t, int64_t, int64_t, int64_t, int64_t, float, float *, float *) =
-            dim == 64 ? attend_d64 : dim == 128 ? attend_d128 : attend_any;
-        bad |= attend(q + b * hq * dim, k, v, page_table + b * max_pages, len, num_pages,
-                      page_size, hq, hkv, dim, scale, out + b * hq * dim, lse + b * hq);
+        bad |= attend(q + b * hq * dim, k, v, k_scale, v_scale, kv_kind, page_table + b * max_pages,
+                      len, num_pages, page_size, hq, hkv, dim, scale, out + b * hq * dim,
+                      lse + b * hq);
     }
     return bad;
 }

@@ -16,8 +16,11 @@ import torch
 from kernels.cpu.build import build_library
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-_ARGTYPES: list[Any] = [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, ctypes.c_float, ctypes.c_int]
+_ARGTYPES: list[Any] = [_P, _P, _P, _P, _P, ctypes.c_int, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I,
+                        ctypes.c_float, ctypes.c_int]
 MAX_HEADS, MAX_DIM = 256, 256  # as in decode_attention.c
+# The pool dtypes the kernel reads, by its kv_kind code (int8 / fp8 pools carry scales).
+KV_KINDS = {torch.float32: 0, torch.int8: 1, torch.float8_e4m3fn: 2}
 
 
 class CpuDecodeAttention:
@@ -30,8 +33,9 @@ class CpuDecodeAttention:
 
     @staticmethod
     def supports(q: torch.Tensor, k_buffer: torch.Tensor) -> bool:
-        """fp32 CPU tensors within the kernel's head limits (otherwise: the reference)."""
-        return (q.device.type == "cpu" and q.dtype == torch.float32 and k_buffer.dtype == torch.float32
+        """fp32 CPU queries over an fp32, int8 or fp8 pool within the kernel's head limits
+        (otherwise: the reference)."""
+        return (q.device.type == "cpu" and q.dtype == torch.float32 and k_buffer.dtype in KV_KINDS
                 and q.shape[1] <= MAX_HEADS and q.shape[2] <= MAX_DIM)
 
     def __call__(
@@ -43,11 +47,18 @@ class CpuDecodeAttention:
         seq_lens: torch.Tensor,  # [B] int32
         page_size: int,
         scale: float,
+        k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] fp32, for an int8 / fp8 pool
+        v_scale: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # out [B, Hq, D], lse [B, Hq] (natural log)
         batch, heads, dim = q.shape
         num_slots, kv_heads, _ = k_buffer.shape
         if not (k_buffer.is_contiguous() and v_buffer.is_contiguous()) or v_buffer.shape != k_buffer.shape:
             raise ValueError("k_buffer and v_buffer must be contiguous [num_slots, Hkv, D] of one shape")
+        if k_buffer.dtype not in KV_KINDS or v_buffer.dtype != k_buffer.dtype:
+            raise ValueError(f"the KV pool must be fp32, int8 or fp8 e4m3 (both alike), got "
+                             f"{k_buffer.dtype} / {v_buffer.dtype}")
+        kind = KV_KINDS[k_buffer.dtype]
+        scale_ptrs = _scale_pointers(kind, k_scale, v_scale, (num_slots, kv_heads))
         if k_buffer.shape[2] != dim or heads % kv_heads:
             raise ValueError(f"q {tuple(q.shape)} does not fit a KV pool of {tuple(k_buffer.shape)}")
         if page_table.dtype != torch.int32 or seq_lens.dtype != torch.int32:
@@ -61,11 +72,25 @@ class CpuDecodeAttention:
         lse = torch.empty(batch, heads, dtype=torch.float32)
         if batch == 0:
             return out, lse
-        status = self._fn(q.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(), table.data_ptr(),
-                          lens.data_ptr(), out.data_ptr(), lse.data_ptr(), batch, heads, kv_heads, dim,
+        status = self._fn(q.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(), *scale_ptrs, kind,
+                          table.data_ptr(), lens.data_ptr(), out.data_ptr(), lse.data_ptr(), batch, heads, kv_heads, dim,
                           table.shape[1], page_size, num_slots, scale, torch.get_num_threads())
         if status == 1:
             raise ValueError("a sequence length or page id lies outside the page table or the KV pool")
         if status != 0:
             raise ValueError(f"decode attention kernel refused its arguments (status {status})")
         return out, lse
+
+
+def _scale_pointers(
+    kind: int, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None, shape: tuple[int, int]
+) -> tuple[int, int]:
+    """Data pointers of an 8-bit pool's row scales (0, 0 for an fp32 pool), checked."""
+    if kind == 0:
+        return 0, 0
+    for name, scales in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if scales is None or scales.dtype != torch.float32 or tuple(scales.shape) != shape \
+                or not scales.is_contiguous():
+            raise ValueError(f"an 8-bit KV pool needs {name} as contiguous fp32 {list(shape)}")
+    assert k_scale is not None and v_scale is not None
+    return k_scale.data_ptr(), v_scale.data_ptr()

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kernels.reference.kv_quant import as_bytes, dequantize_kv, is_quantized_kv, quantize_kv
+
 
 def store_kv(
     k_buffer: torch.Tensor,  # [num_slots, Hkv, D]
@@ -20,10 +22,24 @@ def store_kv(
     k: torch.Tensor,  # [T, Hkv, D]
     v: torch.Tensor,  # [T, Hkv, D]
     slot_idx: torch.Tensor,  # [T] int64, pool slot of each token
+    k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] fp32, for an 8-bit pool
+    v_scale: torch.Tensor | None = None,
 ) -> None:
-    """Write the K/V of ``T`` new tokens into their pool slots (in place)."""
+    """Write the K/V of ``T`` new tokens into their pool slots (in place).
+
+    An int8 / fp8 pool (``kv_quant``) stores codes in the buffers and each row's scale in
+    ``k_scale`` / ``v_scale``, which it then requires.
+    """
     # NOTE: index_copy_/index_select, not advanced indexing: on the CPU the latter is
     # ~30x slower on a large pool.
+    if is_quantized_kv(k_buffer.dtype):
+        if k_scale is None or v_scale is None:
+            raise ValueError(f"a {k_buffer.dtype} KV pool needs k_scale and v_scale")
+        for buf, scales, x in ((k_buffer, k_scale, k), (v_buffer, v_scale, v)):
+            codes, scale = quantize_kv(x, buf.dtype)
+            as_bytes(buf).index_copy_(0, slot_idx, as_bytes(codes))
+            scales.index_copy_(0, slot_idx, scale)
+        return
     k_buffer.index_copy_(0, slot_idx, k.to(k_buffer.dtype))
     v_buffer.index_copy_(0, slot_idx, v.to(v_buffer.dtype))
 
@@ -48,9 +64,17 @@ def token_slots(
     return torch.where(valid, slots, torch.zeros_like(slots)), valid
 
 
-def _gather(buffer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """``buffer[slots]`` for slots [B, L] → [B, L, Hkv, D], via index_select (fast on CPU)."""
-    rows = buffer.index_select(0, slots.reshape(-1))
+def _gather(buffer: torch.Tensor, slots: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``buffer[slots]`` for slots [B, L] → [B, L, Hkv, D], via index_select (fast on CPU);
+    an 8-bit pool's rows come back dequantized (fp32) with their ``scale`` [num_slots, Hkv]."""
+    flat = slots.reshape(-1)
+    if not is_quantized_kv(buffer.dtype):
+        rows = buffer.index_select(0, flat)
+    elif scale is None:
+        raise ValueError(f"a {buffer.dtype} KV pool needs its scales (k_scale, v_scale)")
+    else:
+        codes = as_bytes(buffer).index_select(0, flat).view(buffer.dtype)
+        rows = dequantize_kv(codes, scale.index_select(0, flat))
     return rows.view(*slots.shape, *buffer.shape[1:])
 
 
@@ -247,6 +271,8 @@ def run_plan(
     v_buffer: torch.Tensor,  # [num_slots, Hkv, D]
     plan: AttentionPlan,
     scale: float,
+    k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] fp32, for an 8-bit pool
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
     """Attention of ``q`` as planned: one gather of each request's slots, one SDPA call,
     then every shared prefix read once and merged in."""
@@ -254,7 +280,7 @@ def run_plan(
     slots, _ = plan.gather_slots()
     batch = slots.shape[0]
     group = heads // k_buffer.shape[1]
-    k, v = _gather(k_buffer, slots), _gather(v_buffer, slots)  # [B, L, Hkv, D]
+    k, v = _gather(k_buffer, slots, k_scale), _gather(v_buffer, slots, v_scale)  # [B, L, Hkv, D]
     if plan.scatter is None:  # decode: one query row per request
         out, lse = _attend(q[:, None], k, v, plan.mask(q.dtype, group), scale)
         out, lse = out[:, 0], lse[:, 0]
@@ -267,7 +293,7 @@ def run_plan(
             out, lse = _attend(q_pad, k, v, plan.mask(q.dtype, group), scale)
         out = out.reshape(batch * plan.max_q, heads, dim).index_select(0, plan.scatter)
         lse = lse.reshape(batch * plan.max_q, heads).index_select(0, plan.scatter)
-    merge_shared_prefixes(out, lse, q, plan, k_buffer, v_buffer, scale)
+    merge_shared_prefixes(out, lse, q, plan, k_buffer, v_buffer, scale, k_scale, v_scale)
     return out
 
 
@@ -281,6 +307,8 @@ def decode_attention(
     scale: float,
     shared: Sequence[SharedPrefix] = (),
     plan: AttentionPlan | None = None,
+    k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] fp32, for an 8-bit pool
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
     """Attention of each request's newest token over all its cached tokens.
 
@@ -288,11 +316,12 @@ def decode_attention(
     groups of requests with common leading pages; the result is the same with or without
     it, only cheaper with it (see ``SharedPrefix``). ``plan``: this call's
     ``plan_decode(page_table, seq_lens, page_size, shared)``, when the caller kept it.
+    ``k_scale`` / ``v_scale``: the row scales of an int8 / fp8 pool (see ``kv_quant``).
     """
     if q.shape[0] == 0:
         return torch.empty_like(q)
     plan = plan or plan_decode(page_table, seq_lens, page_size, shared)
-    return run_plan(q, k_buffer, v_buffer, plan, scale)
+    return run_plan(q, k_buffer, v_buffer, plan, scale, k_scale, v_scale)
 
 
 def extend_attention(
@@ -307,6 +336,8 @@ def extend_attention(
     scale: float,
     shared: Sequence[SharedPrefix] = (),
     plan: AttentionPlan | None = None,
+    k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] fp32, for an 8-bit pool
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
     """Causal attention of new tokens over their cached prefix and each other.
 
@@ -317,7 +348,7 @@ def extend_attention(
     if q.shape[0] == 0:
         return torch.empty_like(q)
     plan = plan or plan_extend(page_table, prefix_lens, extend_lens, qo_indptr, page_size, shared)
-    return run_plan(q, k_buffer, v_buffer, plan, scale)
+    return run_plan(q, k_buffer, v_buffer, plan, scale, k_scale, v_scale)
 
 
 # ---- shared prefixes ------------------------------------------------------------------------
@@ -350,10 +381,12 @@ def merge_shared_prefixes(
     k_buffer: torch.Tensor,
     v_buffer: torch.Tensor,
     scale: float,
+    k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] fp32, for an 8-bit pool
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """Fold each of ``plan``'s shared prefixes into the rows that hold it."""
     for part in plan.prefixes:
-        _merge_prefix(out, lse, q, part, k_buffer, v_buffer, scale)
+        _merge_prefix(out, lse, q, part, k_buffer, v_buffer, scale, k_scale, v_scale)
 
 
 def _merge_prefix(
@@ -364,6 +397,8 @@ def _merge_prefix(
     k_buffer: torch.Tensor,
     v_buffer: torch.Tensor,
     scale: float,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
 ) -> None:
     """Fold attention over a shared prefix into its rows' partial results.
 
@@ -371,8 +406,8 @@ def _merge_prefix(
     then the two partial softmaxes merge by their log-sum-exps.
     """
     rows = part.rows
-    k = k_buffer.index_select(0, part.slots)[None]  # [1, Ls, Hkv, D]
-    v = v_buffer.index_select(0, part.slots)[None]
+    k = _gather(k_buffer, part.slots[None], k_scale)  # [1, Ls, Hkv, D]
+    v = _gather(v_buffer, part.slots[None], v_scale)
     every = rows.numel() == out.shape[0]  # the common case: the whole batch shares it
     rows_q = q if every else q.index_select(0, rows)
     pre_out, pre_lse = _attend(rows_q[None], k, v, None, scale)  # [1, n, Hq, D], [1, n, Hq]

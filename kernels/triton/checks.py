@@ -14,6 +14,7 @@ import triton
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
+QUANT_KV_DTYPES = (torch.int8, torch.float8_e4m3fn)  # 8-bit pools, with row scales
 
 # A dimension spec: an exact size, or None for "any size".
 Dim = int | None
@@ -48,14 +49,24 @@ def check_tensor(
     return t
 
 
-def check_pool(k_buffer: object, v_buffer: object) -> tuple[torch.device, tuple[int, int, int]]:
-    """Check a layer's K and V pool buffers; returns their device and (num_slots, Hkv, D)."""
+def check_pool(
+    k_buffer: object, v_buffer: object, k_scale: object = None, v_scale: object = None
+) -> tuple[torch.device, tuple[int, int, int]]:
+    """Check a layer's K and V pool buffers (and an 8-bit pool's row scales, which it
+    requires); returns their device and (num_slots, Hkv, D)."""
     if not isinstance(k_buffer, torch.Tensor):
         raise ValueError(f"k_buffer must be a torch.Tensor, got {type(k_buffer).__name__}")
     device = k_buffer.device
-    check_tensor("k_buffer", k_buffer, (None, None, None), FLOAT_DTYPES, device)
+    check_tensor("k_buffer", k_buffer, (None, None, None), FLOAT_DTYPES + QUANT_KV_DTYPES, device)
     num_slots, num_kv_heads, head_dim = (int(n) for n in k_buffer.shape)
     check_tensor("v_buffer", v_buffer, k_buffer.shape, (k_buffer.dtype,), device)
+    if k_buffer.dtype in QUANT_KV_DTYPES:
+        for name, scales in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if scales is None:
+                raise ValueError(f"a {k_buffer.dtype} KV pool needs {name} [num_slots, Hkv] fp32")
+            check_tensor(name, scales, (num_slots, num_kv_heads), (torch.float32,), device)
+            if not scales.is_contiguous():  # type: ignore[attr-defined]
+                raise ValueError(f"{name} must be contiguous")
     return device, (num_slots, num_kv_heads, head_dim)
 
 
@@ -91,3 +102,17 @@ def dot_config(q_dtype: torch.dtype, kv_dtype: torch.dtype, kernel: object) -> d
 def block_size(n: int, minimum: int = 16) -> int:
     """Smallest power of two >= ``n`` and >= ``minimum`` (``tl.dot`` needs 16)."""
     return max(minimum, int(triton.next_power_of_2(max(n, 1))))
+
+
+def scale_args(
+    k_buffer: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scale pointers a kernel takes: an 8-bit pool's (checked by ``check_pool``), or
+    the pool itself as a placeholder that a kernel with ``QUANT=False`` never reads.
+    Scales beside a float pool are refused rather than ignored."""
+    if k_buffer.dtype not in QUANT_KV_DTYPES:
+        if k_scale is not None or v_scale is not None:
+            raise ValueError(f"k_scale / v_scale belong to an 8-bit KV pool, not {k_buffer.dtype}")
+        return k_buffer, k_buffer
+    assert k_scale is not None and v_scale is not None
+    return k_scale, v_scale

@@ -33,6 +33,7 @@ from kernels.triton.checks import (
     check_pool,
     check_tensor,
     dot_config,
+    scale_args,
 )
 from kernels.triton.paged import load_paged_kv, softmax_step
 
@@ -57,14 +58,14 @@ def _mid_row(b, head, split, num_q_heads, NUM_SPLITS: tl.constexpr):
 
 @triton.jit
 def _decode_partial_kernel(
-    q_ptr, k_ptr, v_ptr, page_table_ptr, seq_lens_ptr, mid_o_ptr, mid_lse_ptr,
+    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, page_table_ptr, seq_lens_ptr, mid_o_ptr, mid_lse_ptr,
     stride_qb, stride_qh,  # q: [B, Hq, D]
     stride_ks, stride_kh, stride_vs, stride_vh,  # pool: [num_slots, Hkv, D]
     stride_pb,  # page_table: [B, max_pages]
-    scale_log2, num_q_heads, head_dim,
+    scale_log2, num_q_heads, num_kv_heads, head_dim,
     GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, QUANT: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -94,7 +95,8 @@ def _decode_partial_kernel(
             mask_n = pos < end
             k, v = load_paged_kv(
                 k_ptr, v_ptr, stride_ks, stride_vs, k_head, v_head,
-                page_row_ptr, pos, mask_n, offs_d, mask_d, PAGE_SIZE, DOT_FP32,
+                ks_ptr, vs_ptr, num_kv_heads, kv_head,
+                page_row_ptr, pos, mask_n, offs_d, mask_d, PAGE_SIZE, DOT_FP32, QUANT,
             )  # fmt: skip
             # [BLOCK_H, BLOCK_N] scores in the log2 domain
             qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
@@ -150,12 +152,15 @@ def decode_attention(
     scale: float,
     *,
     num_kv_splits: int | None = None,
+    k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] fp32, for an int8 / fp8 pool
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
     """Attention of each request's newest token over all its cached tokens.
 
     Args:
         num_kv_splits: splits of the sequence per (request, KV head); ``None`` picks one
             from the batch shape and the page table's capacity (no device sync).
+        k_scale, v_scale: an 8-bit pool's row scales (required with one).
 
     Returns:
         [B, Hq, D] in ``q``'s dtype.
@@ -164,7 +169,7 @@ def decode_attention(
         ValueError: shapes, dtypes, devices or strides do not match the spec.
     """
     batch, num_q_heads, head_dim = _check_args(
-        q, k_buffer, v_buffer, page_table, seq_lens, page_size
+        q, k_buffer, v_buffer, page_table, seq_lens, page_size, k_scale, v_scale
     )
     out = torch.empty((batch, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
     if batch == 0:
@@ -182,12 +187,13 @@ def decode_attention(
     mid_lse = torch.empty(mid_shape, dtype=torch.float32, device=q.device)
 
     _decode_partial_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_buffer, v_buffer, page_table, seq_lens, mid_o, mid_lse,
+        q, k_buffer, v_buffer, *scale_args(k_buffer, k_scale, v_scale), page_table, seq_lens,
+        mid_o, mid_lse,
         q.stride(0), q.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         page_table.stride(0),
-        scale * math.log2(math.e), num_q_heads, head_dim,
-        PAGE_SIZE=page_size, NUM_SPLITS=num_splits,
+        scale * math.log2(math.e), num_q_heads, num_kv_heads, head_dim,
+        PAGE_SIZE=page_size, NUM_SPLITS=num_splits, QUANT=k_scale is not None,
         **config, **dot_config(q.dtype, k_buffer.dtype, _decode_partial_kernel),
     )  # fmt: skip
     _decode_reduce_kernel[(batch, num_q_heads)](
@@ -233,9 +239,11 @@ def _check_args(
     page_table: torch.Tensor,
     seq_lens: torch.Tensor,
     page_size: int,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
 ) -> tuple[int, int, int]:
     """Validate a decode call; returns (B, Hq, D)."""
-    device, (_, num_kv_heads, head_dim) = check_pool(k_buffer, v_buffer)
+    device, (_, num_kv_heads, head_dim) = check_pool(k_buffer, v_buffer, k_scale, v_scale)
     batch, num_q_heads, _ = check_tensor("q", q, (None, None, head_dim), FLOAT_DTYPES, device).shape
     if num_q_heads % num_kv_heads:
         raise ValueError(f"q heads ({num_q_heads}) must be a multiple of KV heads ({num_kv_heads})")

@@ -29,21 +29,22 @@ from kernels.triton.checks import (
     check_pool,
     check_tensor,
     dot_config,
+    scale_args,
 )
 from kernels.triton.paged import load_paged_kv, softmax_step
 
 
 @triton.jit
 def _extend_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, page_table_ptr, prefix_lens_ptr, extend_lens_ptr, qo_indptr_ptr,
+    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, page_table_ptr, prefix_lens_ptr, extend_lens_ptr, qo_indptr_ptr,
     stride_qt, stride_qh,  # q: [T, Hq, D]
     stride_ks, stride_kh, stride_vs, stride_vh,  # pool: [num_slots, Hkv, D]
     stride_ot, stride_oh,  # out: [T, Hq, D]
     stride_pb,  # page_table: [B, max_pages]
-    scale_log2, head_dim,
+    scale_log2, num_kv_heads, head_dim,
     GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, QUANT: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     q_head = tl.program_id(1)
@@ -77,7 +78,8 @@ def _extend_kernel(
             mask_n = pos < prefix_len
             k, v = load_paged_kv(
                 k_ptr, v_ptr, stride_ks, stride_vs, k_head, v_head,
-                page_row_ptr, pos, mask_n, offs_d, mask_d, PAGE_SIZE, DOT_FP32,
+                ks_ptr, vs_ptr, num_kv_heads, kv_head,
+                page_row_ptr, pos, mask_n, offs_d, mask_d, PAGE_SIZE, DOT_FP32, QUANT,
             )  # fmt: skip
             # [BLOCK_M, BLOCK_N] scores in the log2 domain
             qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
@@ -92,7 +94,8 @@ def _extend_kernel(
             mask_n = pos < causal_end
             k, v = load_paged_kv(
                 k_ptr, v_ptr, stride_ks, stride_vs, k_head, v_head,
-                page_row_ptr, pos, mask_n, offs_d, mask_d, PAGE_SIZE, DOT_FP32,
+                ks_ptr, vs_ptr, num_kv_heads, kv_head,
+                page_row_ptr, pos, mask_n, offs_d, mask_d, PAGE_SIZE, DOT_FP32, QUANT,
             )  # fmt: skip
             qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
             allowed = mask_n[None, :] & (pos[None, :] <= q_pos[:, None])  # [BLOCK_M, BLOCK_N]
@@ -114,6 +117,9 @@ def extend_attention(
     qo_indptr: torch.Tensor,  # [B+1] int32/int64, offsets of each request's tokens in q
     page_size: int,
     scale: float,
+    *,
+    k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] fp32, for an int8 / fp8 pool
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
     """Causal attention of new tokens over their cached prefix and each other.
 
@@ -127,7 +133,8 @@ def extend_attention(
     Raises:
         ValueError: shapes, dtypes, devices or strides do not match the spec.
     """
-    _check_args(q, k_buffer, v_buffer, page_table, prefix_lens, extend_lens, qo_indptr, page_size)
+    _check_args(q, k_buffer, v_buffer, page_table, prefix_lens, extend_lens, qo_indptr, page_size,
+                k_scale, v_scale)
     num_tokens, num_q_heads, head_dim = q.shape
     out = torch.empty((num_tokens, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
     if num_tokens == 0 or extend_lens.shape[0] == 0:
@@ -135,12 +142,13 @@ def extend_attention(
     config = launch_config(head_dim, num_q_heads // k_buffer.shape[1])
     num_m_blocks = triton.cdiv(int(extend_lens.max()), config["BLOCK_M"])  # host sync
     _extend_kernel[(extend_lens.shape[0], num_q_heads, num_m_blocks)](
-        q, k_buffer, v_buffer, out, page_table, prefix_lens, extend_lens, qo_indptr,
+        q, k_buffer, v_buffer, *scale_args(k_buffer, k_scale, v_scale), out, page_table,
+        prefix_lens, extend_lens, qo_indptr,
         q.stride(0), q.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         out.stride(0), out.stride(1), page_table.stride(0),
-        scale * math.log2(math.e), head_dim,
-        PAGE_SIZE=page_size,
+        scale * math.log2(math.e), k_buffer.shape[1], head_dim,
+        PAGE_SIZE=page_size, QUANT=k_scale is not None,
         **config, **dot_config(q.dtype, k_buffer.dtype, _extend_kernel),
     )  # fmt: skip
     return out
@@ -172,9 +180,11 @@ def _check_args(
     extend_lens: torch.Tensor,
     qo_indptr: torch.Tensor,
     page_size: int,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
 ) -> None:
     """Validate an extend call (sizes only: the lengths' values are not read)."""
-    device, (_, num_kv_heads, head_dim) = check_pool(k_buffer, v_buffer)
+    device, (_, num_kv_heads, head_dim) = check_pool(k_buffer, v_buffer, k_scale, v_scale)
     num_q_heads = check_tensor("q", q, (None, None, head_dim), FLOAT_DTYPES, device).shape[1]
     if num_q_heads % num_kv_heads:
         raise ValueError(f"q heads ({num_q_heads}) must be a multiple of KV heads ({num_kv_heads})")

@@ -18,6 +18,10 @@ heads x 128 dims already overflows int32 element offsets.
 Jitted functions take untyped arguments (pointers, blocks, ``tl.constexpr``): Triton's
 types, not Python's, so they carry no Python type hints.
 
+An 8-bit pool (``QUANT``) holds codes and one fp32 scale per (slot, KV head) in
+``[num_slots, Hkv]`` scale buffers: tiles are loaded, upcast to fp32 and multiplied by their
+rows' scales (``kernels.reference.kv_quant``); the dots then run in exact fp32.
+
 Online softmax runs in the log2 domain: scores are pre-multiplied by ``scale * log2(e)`` so
 ``exp2`` replaces ``exp``; a row's log-sum-exp is kept as ``m + log2(l)``.
 """
@@ -31,13 +35,15 @@ import triton.language as tl
 @triton.jit
 def load_paged_kv(
     k_ptr, v_ptr, stride_ks, stride_vs, k_head, v_head,  # pool pointers, slot strides, head offsets
+    ks_ptr, vs_ptr, num_kv_heads, kv_head,  # an 8-bit pool's scales [num_slots, Hkv] (QUANT)
     page_row_ptr, pos, mask_n, offs_d, mask_d,
-    PAGE_SIZE: tl.constexpr, DOT_FP32: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, DOT_FP32: tl.constexpr, QUANT: tl.constexpr,
 ):  # fmt: skip
     """K and V tiles ([BLOCK_N, BLOCK_D]) of positions ``pos`` of one request.
 
     Masked positions read page 0 and then nothing: their entries are 0. With ``DOT_FP32``
-    the tiles are upcast to fp32 here, once, for the exact-fp32 dots.
+    the tiles are upcast to fp32 here, once, for the exact-fp32 dots; with ``QUANT`` (which
+    implies ``DOT_FP32``) they are dequantized as well.
     """
     page = tl.load(page_row_ptr + pos // PAGE_SIZE, mask=mask_n, other=0)
     slots = page.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE  # [BLOCK_N]
@@ -47,6 +53,10 @@ def load_paged_kv(
     if DOT_FP32:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
+    if QUANT:
+        scale_idx = slots * num_kv_heads + kv_head  # [BLOCK_N]
+        k = k * tl.load(ks_ptr + scale_idx, mask=mask_n, other=0.0)[:, None]
+        v = v * tl.load(vs_ptr + scale_idx, mask=mask_n, other=0.0)[:, None]
     return k, v
 
 

@@ -56,9 +56,10 @@ def paged_attention(
     scale: float,
     meta: AttentionMetadata,
 ) -> torch.Tensor:  # [T, Hq, D]
-    """Store the new K/V, then attend over the pool (extend part, then decode part)."""
-    k_buf, v_buf = meta.kv.k[layer_idx], meta.kv.v[layer_idx]
-    kernels.store_kv(k_buf, v_buf, k, v, meta.out_slots)
+    """Store the new K/V (quantized, in an int8 / fp8 pool), then attend over the pool
+    (extend part, then decode part)."""
+    k_buf, v_buf, k_scale, v_scale = meta.kv.layer(layer_idx)
+    kernels.store_kv(k_buf, v_buf, k, v, meta.out_slots, k_scale, v_scale)
     page_size = meta.kv.page_size
     split = meta.num_extend_tokens
     parts = []
@@ -66,10 +67,11 @@ def paged_attention(
         parts.append(kernels.extend_attention(
             q[:split], k_buf, v_buf, meta.extend_page_table, meta.extend_prefix_lens,
             meta.extend_lens, meta.extend_qo_indptr, page_size, scale, meta.extend_plan,
+            k_scale, v_scale,
         ))
     if meta.num_decode:
         parts.append(kernels.decode_attention(
             q[split:], k_buf, v_buf, meta.decode_page_table, meta.decode_seq_lens, page_size, scale,
-            meta.decode_plan,
+            meta.decode_plan, k_scale, v_scale,
         ))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)

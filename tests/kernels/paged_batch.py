@@ -111,3 +111,26 @@ def naive_attention(
         out = F.scaled_dot_product_attention(qb, k, v, attn_mask=allowed, scale=scale)
         outs.append(out.transpose(0, 1))  # [ext, Hq, D]
     return torch.cat(outs, dim=0)
+
+
+@dataclass(frozen=True)
+class QuantizedBatch:
+    """``batch``'s pool stored in 8 bits (``kernels.reference.kv_quant``)."""
+
+    k_codes: torch.Tensor  # [num_slots, Hkv, D] int8 / float8_e4m3fn
+    v_codes: torch.Tensor
+    k_scale: torch.Tensor  # [num_slots, Hkv] fp32
+    v_scale: torch.Tensor
+    dequantized: PagedBatch  # the same batch over the codes' fp32 values (oracle input)
+
+
+def quantize_batch(batch: PagedBatch, dtype: torch.dtype) -> QuantizedBatch:
+    """Quantize every row of ``batch``'s pool (NaN spare rows stay poisonous: NaN scales)."""
+    from dataclasses import replace
+
+    from kernels import dequantize_kv, quantize_kv
+
+    k_codes, k_scale = quantize_kv(batch.k_buffer, dtype)
+    v_codes, v_scale = quantize_kv(batch.v_buffer, dtype)
+    plain = replace(batch, k_buffer=dequantize_kv(k_codes, k_scale), v_buffer=dequantize_kv(v_codes, v_scale))
+    return QuantizedBatch(k_codes, v_codes, k_scale, v_scale, plain)

@@ -1,0 +1,48 @@
+"""Full next-token distributions of whole sequences: the scoring path of ``arbor eval``.
+
+Serving returns what a request asks for (sampled tokens, a few top logprobs, the logprob
+of each prompt token); a quality replay needs every position's whole distribution (KL,
+top-1 agreement). The scorer runs the same model runner, kernels and KV dtype as serving
+on a KV pool of its own, sized for one sequence, so it never takes pages from the
+scheduler and sees exactly the arithmetic (quantized KV included) that serving does::
+
+    token_ids:  t0  t1  t2 ... t[L-1]
+    logits row: 0   1   2  ... L-1        row i = the distribution of t[i+1] given t0..ti
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from runtime.model.kv_cache import KVCache
+from runtime.model.llama import LlamaForCausalLM
+from runtime.model.runner import ModelRunner
+from runtime.scheduler.batch import ForwardBatch, ForwardSeq
+
+
+class Scorer:
+    """Logits of every position of a sequence, one prefill pass (not thread-safe: the
+    engine calls it between steps)."""
+
+    def __init__(self, model: LlamaForCausalLM, kv_dtype: torch.dtype, page_size: int,
+                 device: torch.device) -> None:
+        self.model, self.kv_dtype, self.page_size, self.device = model, kv_dtype, page_size, device
+
+    def logits(self, token_ids: Sequence[int]) -> torch.Tensor:  # [L, vocab] fp32 on the CPU
+        """Returns row ``i`` = logits of the token after ``token_ids[:i + 1]``.
+
+        Raises:
+            ValueError: an empty sequence.
+        """
+        if not token_ids:
+            raise ValueError("nothing to score: the sequence is empty")
+        num_pages = -(-len(token_ids) // self.page_size)
+        args = self.model.args
+        kv = KVCache(args.num_layers, num_pages + 1, self.page_size, args.num_kv_heads, args.head_dim,
+                     self.kv_dtype, self.device)  # page 0: padding
+        seq = ForwardSeq("score", tuple(token_ids), 0, tuple(range(1, num_pages + 1)), "all")
+        with torch.inference_mode():
+            out = ModelRunner(self.model, kv, self.device).forward(ForwardBatch((seq,), ()))
+        return out.verify_logits["score"]
