@@ -25,11 +25,13 @@ from kernels.dispatch import (
     get_kernel_backend,
     plan_decode,
     plan_extend,
+    quantized_linear,
     rms_norm,
     set_kernel_backend,
     silu_and_mul,
     store_kv,
 )
+from kernels.reference.quant import QuantizedWeight
 
 __all__ = [
     "AttentionPlan",
@@ -42,6 +44,8 @@ __all__ = [
     "get_kernel_backend",
     "plan_decode",
     "plan_extend",
+    "QuantizedWeight",
+    "quantized_linear",
     "rms_norm",
     "set_kernel_backend",
     "silu_and_mul",

@@ -22,6 +22,7 @@ import torch
 from kernels import reference
 from kernels.cpu import CpuElementwise, CpuKernels, NativeBuildError
 from kernels.reference.attention import AttentionPlan, SharedPrefix
+from kernels.reference.quant import QuantizedWeight
 
 KernelBackend = Literal["auto", "torch", "cpu", "triton"]
 _backend: KernelBackend = "auto"
@@ -216,3 +217,18 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     native = _native_elementwise(x)
     if native is None or not native.apply_rotary(x, cos, sin):
         reference.apply_rotary(x, cos, sin)
+
+
+def quantized_linear(
+    x: torch.Tensor,  # [..., K]
+    weight: QuantizedWeight,
+    bias: torch.Tensor | None = None,  # [N]
+) -> torch.Tensor:  # [..., N] float32
+    """See ``kernels.reference.quant.quantized_linear``. The C kernel quantizes ``x`` to
+    int8 per block of 32 first (llama.cpp's arithmetic; ``reference.quant.quantize_activations``);
+    the reference, on other devices (CUDA included) and without the C kernels, dequantizes
+    the weight and multiplies in fp32."""
+    native = _native(x)
+    if native is not None and native.quant_linear.supports(x, weight):
+        return native.quant_linear(x, weight, bias)
+    return reference.quantized_linear(x, weight, bias)

@@ -6,7 +6,10 @@ keeps the torch reference as its specification and its fallback:
 - paged decode attention (``decode_attention.c``): the torch path gathers every request's
   K/V into a padded copy for SDPA; the kernel reads the pages in place;
 - the small ops of a block (``elementwise.c``): residual add + RMSNorm, SiLU-and-mul,
-  rotary embedding in place, each one pass instead of 4-10 torch ops.
+  rotary embedding in place, each one pass instead of 4-10 torch ops;
+- block-quantized linears (``quant_linear.c``): int8 activations against 4- or 8-bit
+  weight codes, integer dot products per block (torch's weight-only kernels run far below
+  memory bandwidth at decode shapes on this CPU).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 from kernels.cpu.build import NativeBuildError
 from kernels.cpu.decode_attention import CpuDecodeAttention
 from kernels.cpu.elementwise import CpuElementwise
+from kernels.cpu.quant_linear import CpuQuantLinear
 
 
 @dataclass(frozen=True)
@@ -25,11 +29,12 @@ class CpuKernels:
 
     decode_attention: CpuDecodeAttention
     elementwise: CpuElementwise
+    quant_linear: CpuQuantLinear
 
     @classmethod
     def build(cls, cache_dir: Path) -> CpuKernels:
         """Compile (or load from ``cache_dir``) every kernel; raises ``NativeBuildError``."""
-        return cls(CpuDecodeAttention(cache_dir), CpuElementwise(cache_dir))
+        return cls(CpuDecodeAttention(cache_dir), CpuElementwise(cache_dir), CpuQuantLinear(cache_dir))
 
 
-__all__ = ["CpuDecodeAttention", "CpuElementwise", "CpuKernels", "NativeBuildError"]
+__all__ = ["CpuDecodeAttention", "CpuElementwise", "CpuKernels", "CpuQuantLinear", "NativeBuildError"]
