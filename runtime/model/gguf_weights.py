@@ -61,7 +61,7 @@ class GGUFTensors:
 
         t = self._get(name)
         values = gguf.quants.dequantize(t.data, t.tensor_type)
-        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+        return torch.from_numpy(np.array(values, dtype=np.float32))  # a copy: the file is mapped read-only
 
     def quantized(self, name: str) -> QuantizedWeight:
         """A 2-D weight ``[N, K]`` as ``QuantizedWeight`` (its own blocks where we have a
@@ -70,7 +70,7 @@ class GGUFTensors:
         kind = t.tensor_type.name
         in_features = int(t.shape[0])  # GGUF lists dims innermost first
         if kind in GGML_BLOCK_BYTES:
-            raw = torch.from_numpy(np.ascontiguousarray(t.data)).view(torch.uint8)
+            raw = torch.from_numpy(np.array(t.data)).view(torch.uint8)  # a copy, as above
             return from_ggml_blocks(raw.reshape(int(t.shape[1]), -1), kind, in_features)
         log.info("GGUF tensor %s is %s: no kernel for it, quantizing to int8 per channel", name, kind)
         return quantize_int8(self.dense(name).reshape(-1, in_features))
