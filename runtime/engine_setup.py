@@ -170,7 +170,7 @@ def _load_weights(
 ) -> LlamaForCausalLM:
     """The model with its weights in the ``weights`` format."""
     if source is not None:  # "gguf": the file's own blocks
-        model = load_gguf_model(source, ModelArgs.from_hf_config(hf_config), max_model_len)
+        model = load_gguf_model(source, ModelArgs.from_hf_config(hf_config), max_model_len, model_dir)
         model.to(device)
         move_quantized(model, device)
         return model

@@ -11,6 +11,8 @@ to int8 per channel, and the log says so.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -82,39 +84,127 @@ def _unpermute_rows(num_heads: int, rows: int) -> torch.Tensor:
     return torch.arange(rows).reshape(num_heads, half, 2).transpose(1, 2).reshape(rows)
 
 
-def load_gguf_model(path: Path, args: ModelArgs, max_positions: int) -> LlamaForCausalLM:
+Weights = dict[str, QuantizedWeight | torch.Tensor]  # our module names -> tensors
+
+
+def load_gguf_model(path: Path, args: ModelArgs, max_positions: int,
+                    cache_dir: Path | None = None) -> LlamaForCausalLM:
     """Build the model with every linear and the embedding table in the file's own
-    quantized blocks and the norms in fp32 (CPU tensors)."""
-    gg = GGUFTensors(path)
+    quantized blocks and the norms in fp32 (CPU tensors).
+
+    Reading a GGUF file's metadata costs seconds of Python (the ``gguf`` reader parses
+    every tokenizer entry); with ``cache_dir`` the rearranged tensors are saved there once
+    (safetensors, keyed by the file's path, size and mtime) and later loads read them.
+    """
+    cache = _cache_file(path, cache_dir) if cache_dir is not None else None
+    if cache is not None and cache.exists():
+        weights = _read_cache(cache)
+    else:
+        weights = _read_gguf(GGUFTensors(path), args)
+        if cache is not None:
+            _write_cache(weights, cache)
+    return _build(weights, args, max_positions)
+
+
+def _read_gguf(gg: GGUFTensors, args: ModelArgs) -> Weights:
+    permute = gg.architecture == "llama"
+    out: Weights = {"norm": gg.dense("output_norm.weight").reshape(-1),
+                    "embed_tokens": gg.quantized("token_embd.weight")}
+    if gg.has("output.weight"):
+        out["lm_head"] = gg.quantized("output.weight")
+    for i in range(args.num_layers):
+        pre, dst = f"blk.{i}.", f"layers.{i}."
+        q, k, v = (gg.quantized(pre + f"attn_{p}.weight") for p in "qkv")
+        if permute:
+            q = q.rows(_unpermute_rows(args.num_heads, q.out_features))
+            k = k.rows(_unpermute_rows(args.num_kv_heads, k.out_features))
+        out[dst + "qkv_proj"] = _fused(pre + "attn_qkv", [q, k, v])
+        if args.qkv_bias:
+            out[dst + "qkv_bias"] = torch.cat([gg.dense(pre + f"attn_{p}.bias") for p in "qkv"])
+        out[dst + "o_proj"] = gg.quantized(pre + "attn_output.weight")
+        gate_up = [gg.quantized(pre + f"ffn_{p}.weight") for p in ("gate", "up")]
+        out[dst + "gate_up_proj"] = _fused(pre + "ffn_gate_up", gate_up)
+        out[dst + "down_proj"] = gg.quantized(pre + "ffn_down.weight")
+        out[dst + "input_layernorm"] = gg.dense(pre + "attn_norm.weight").reshape(-1)
+        out[dst + "post_attention_layernorm"] = gg.dense(pre + "ffn_norm.weight").reshape(-1)
+    return out
+
+
+def _build(weights: Weights, args: ModelArgs, max_positions: int) -> LlamaForCausalLM:
+    def quantized(name: str) -> QuantizedWeight:
+        w = weights.get(name)
+        if not isinstance(w, QuantizedWeight):
+            raise ModelLoadError(f"quantized weight {name!r} missing")
+        return w
+
+    def dense(name: str) -> torch.Tensor:
+        w = weights.get(name)
+        if not isinstance(w, torch.Tensor):
+            raise ModelLoadError(f"weight {name!r} missing")
+        return w
+
     with torch.device("meta"):
         model = LlamaForCausalLM(args, max_positions)
     model.rope = type(model.rope)(args.head_dim, max_positions, args.rope)  # real buffers
-    permute = gg.architecture == "llama"
-    _set_norm(model.norm, gg.dense("output_norm.weight"))
-    table = gg.quantized("token_embd.weight")
-    model.embed_tokens = QuantizedEmbedding(table)
-    model.lm_head = QuantizedLinear(gg.quantized("output.weight") if gg.has("output.weight") else table)
+    _set_norm(model.norm, dense("norm"))
+    model.embed_tokens = QuantizedEmbedding(quantized("embed_tokens"))
+    model.lm_head = QuantizedLinear(quantized("lm_head" if "lm_head" in weights else "embed_tokens"))
     for i, layer in enumerate(model.layers):
         assert isinstance(layer, DecoderLayer)
-        _load_layer(gg, f"blk.{i}.", layer, args, permute)
+        pre = f"layers.{i}."
+        bias = dense(pre + "qkv_bias") if args.qkv_bias else None
+        layer.self_attn.qkv_proj = QuantizedLinear(quantized(pre + "qkv_proj"), bias)
+        layer.self_attn.o_proj = QuantizedLinear(quantized(pre + "o_proj"))
+        layer.mlp.gate_up_proj = QuantizedLinear(quantized(pre + "gate_up_proj"))
+        layer.mlp.down_proj = QuantizedLinear(quantized(pre + "down_proj"))
+        _set_norm(layer.input_layernorm, dense(pre + "input_layernorm"))
+        _set_norm(layer.post_attention_layernorm, dense(pre + "post_attention_layernorm"))
     return model.eval()
 
 
-def _load_layer(gg: GGUFTensors, pre: str, layer: DecoderLayer, args: ModelArgs, permute: bool) -> None:
-    q, k, v = (gg.quantized(pre + f"attn_{p}.weight") for p in "qkv")
-    if permute:
-        q = q.rows(_unpermute_rows(args.num_heads, q.out_features))
-        k = k.rows(_unpermute_rows(args.num_kv_heads, k.out_features))
-    bias = None
-    if args.qkv_bias:
-        bias = torch.cat([gg.dense(pre + f"attn_{p}.bias") for p in "qkv"])
-    layer.self_attn.qkv_proj = QuantizedLinear(_fused(pre + "attn_qkv", [q, k, v]), bias)
-    layer.self_attn.o_proj = QuantizedLinear(gg.quantized(pre + "attn_output.weight"))
-    gate_up = _fused(pre + "ffn_gate_up", [gg.quantized(pre + f"ffn_{p}.weight") for p in ("gate", "up")])
-    layer.mlp.gate_up_proj = QuantizedLinear(gate_up)
-    layer.mlp.down_proj = QuantizedLinear(gg.quantized(pre + "ffn_down.weight"))
-    _set_norm(layer.input_layernorm, gg.dense(pre + "attn_norm.weight"))
-    _set_norm(layer.post_attention_layernorm, gg.dense(pre + "ffn_norm.weight"))
+# ---- the cache of the rearranged tensors ---------------------------------------------------
+def _cache_file(path: Path, cache_dir: Path) -> Path:
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
+    return cache_dir / f"gguf-native-{key[:12]}.safetensors"
+
+
+def _write_cache(weights: Weights, file: Path) -> None:
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    formats: dict[str, list[int | None]] = {}
+    for name, w in weights.items():
+        if isinstance(w, QuantizedWeight):
+            tensors.update({f"{name}.codes": w.codes, f"{name}.scales": w.scales, f"{name}.offsets": w.offsets})
+            formats[name] = [w.bits, w.blocks_per_group, w.in_features]
+        else:
+            tensors[name] = w
+    tmp = file.with_suffix(".partial")
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp),
+                  metadata={"formats": json.dumps(formats)})
+        tmp.replace(file)
+    except OSError as exc:  # a read-only cache is not fatal: the next load reads the GGUF again
+        log.warning("could not cache the GGUF-native weights in %s: %s", file, exc)
+
+
+def _read_cache(file: Path) -> Weights:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            formats = json.loads((f.metadata() or {})["formats"])
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
+    except Exception as exc:  # safetensors raises its own error types
+        raise ModelLoadError(f"cannot read cached GGUF-native weights {file} (delete it to rebuild): "
+                             f"{exc}") from exc
+    out: Weights = {k: v for k, v in tensors.items() if k.rsplit(".", 1)[0] not in formats}
+    for name, (bits, blocks_per_group, in_features) in formats.items():
+        out[name] = QuantizedWeight(tensors[f"{name}.codes"], tensors[f"{name}.scales"],
+                                    tensors[f"{name}.offsets"], bits, blocks_per_group, in_features)
+    return out
 
 
 def _fused(name: str, parts: list[QuantizedWeight]) -> QuantizedWeight:
