@@ -197,6 +197,66 @@ static inline float dot_row(const uint8_t *w, int bits, const int8_t *xq, const 
 #endif
 }
 
+#if defined(QPATH_AVX512)
+/* Weight row n (codes w, per-block scales wd and offsets wm as floats, 16 floats of slack)
+ * against up to 4 activation rows at once: the codes are unpacked once for all of them.
+ * dxe: each activation row's scales expanded per superblock, [dx_2sb x 8 | dx_2sb+1 x 8]. */
+static inline void dot_rows4(const uint8_t *w, int bits, const float *wd, const float *wm, int64_t nb,
+                             const int8_t *xq, int64_t kp, const float *dxe, const float *xs, int jn,
+                             float *out) {
+    const __m512i pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const int64_t nsb = nb / 2;
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        const __m512i wv = load_codes(w, bits, sb);
+        const __m512 wdp = _mm512_permutexvar_ps(pick, _mm512_loadu_ps(wd + 2 * sb));
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            if (j < jn) {
+                const __m512i iv = _mm512_dpbusd_epi32(
+                    _mm512_setzero_si512(), wv, _mm512_loadu_si512((const void *)(xq + j * kp + sb * 64)));
+                const __m512 sc = _mm512_mul_ps(wdp, _mm512_loadu_ps(dxe + (j * nsb + sb) * 16));
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iv), sc, acc[j]);
+            }
+        }
+    }
+    for (int j = 0; j < jn; j++) {
+        for (int64_t b = 0; b < nb; b += 16) { /* the offset term, m * dx * xsum */
+            const __mmask16 k = nb - b >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nb - b)) - 1);
+            acc[j] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, wm + b), _mm512_maskz_loadu_ps(k, xs + j * nb + b),
+                                     acc[j]);
+        }
+        out[j] = _mm512_reduce_add_ps(acc[j]);
+    }
+}
+
+/* rows >= 2: every weight row meets the activation rows four at a time. */
+static void gemm_avx512(const int8_t *xq, const float *dx, const float *xs, int64_t rows, int64_t kp,
+                        const uint8_t *codes, const uint16_t *d, const uint16_t *mo, int64_t n_out,
+                        int64_t num_groups, int group_shift, int bits, const float *bias, float *y,
+                        float *dxe, int num_threads) {
+    const int64_t nb = kp / BLOCK, nsb = nb / 2, row_bytes = bits == 4 ? kp / 2 : kp;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t sb = 0; sb < nsb; sb++)
+            for (int i = 0; i < 16; i++) dxe[(r * nsb + sb) * 16 + i] = dx[r * nb + 2 * sb + (i >= 8)];
+#pragma omp parallel for num_threads(threads_for(rows * n_out * kp, num_threads)) schedule(static)
+    for (int64_t n = 0; n < n_out; n++) {
+        float wd[nb + 16], wm[nb + 16]; /* NOTE: 16 floats of slack for the last vector load */
+        for (int64_t b = 0; b < nb + 16; b++) {
+            wd[b] = b < nb ? half_to_float(d[n * num_groups + (b >> group_shift)]) : 0.0f;
+            wm[b] = b < nb ? half_to_float(mo[n * num_groups + (b >> group_shift)]) : 0.0f;
+        }
+        for (int64_t m0 = 0; m0 < rows; m0 += 4) {
+            const int jn = rows - m0 < 4 ? (int)(rows - m0) : 4;
+            float out[4];
+            dot_rows4(codes + n * row_bytes, bits, wd, wm, nb, xq + m0 * kp, kp, dxe + m0 * nsb * 16,
+                      xs + m0 * nb, jn, out);
+            for (int j = 0; j < jn; j++) y[(m0 + j) * n_out + n] = bias != NULL ? out[j] + bias[n] : out[j];
+        }
+    }
+}
+#endif
+
 /* y[M, N] = x[M, K] @ W^T (+ bias). Returns 0, or -1 when scratch memory ran out.
  *   codes: [N, row_bytes] (row_bytes = Kp / 2 or Kp), d, mo: [N, num_groups] fp16 bits. */
 int arbor_quant_linear(const float *x, int64_t rows, int64_t k_len, const uint8_t *codes,
@@ -216,6 +276,19 @@ int arbor_quant_linear(const float *x, int64_t rows, int64_t k_len, const uint8_
     for (int64_t r = 0; r < rows; r++)
         quantize_row(x + r * k_len, k_len, nb, xq + r * kp, dx + r * nb, xsum + r * nb, xs + r * nb);
 
+#if defined(QPATH_AVX512)
+    if (rows >= 2) {
+        float *dxe = aligned_alloc(64, sizeof(float) * (size_t)(rows * nb * 8 + 16));
+        if (dxe == NULL) {
+            free(xq), free(dx), free(xs), free(xsum);
+            return -1;
+        }
+        gemm_avx512(xq, dx, xs, rows, kp, codes, d, mo, n_out, num_groups, group_shift, bits, bias, y,
+                    dxe, num_threads);
+        free(dxe), free(xq), free(dx), free(xs), free(xsum);
+        return 0;
+    }
+#endif
     /* Each thread takes a contiguous run of weight rows; a tile of 16 weight rows meets
      * every activation row while it is in L1 (a row is <= Kp bytes). */
     const int64_t tile = 16, num_tiles = (n_out + tile - 1) / tile;
