@@ -33,6 +33,7 @@ import random
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -198,12 +199,14 @@ for q in ["What is the capital of France?", "What is 2 + 2?", "Name a primary co
 
 def peak_rss_mb(code: str) -> float:
     """Peak resident memory of a fresh Python process running ``code`` (MiB)."""
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise RuntimeError(f"memory probe failed with exit code {proc.returncode}")
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                stderr=err, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            err.seek(0)
+            raise RuntimeError(f"memory probe failed ({proc.returncode}): {err.read()[-2000:]}")
     return usage.ru_maxrss / 1024  # KiB on Linux
 
 

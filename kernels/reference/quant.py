@@ -28,6 +28,7 @@ so a 32-byte load and one shift give two whole blocks of codes in order.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -155,9 +156,30 @@ def _groups(padded: torch.Tensor, blocks_per_group: int | None) -> torch.Tensor:
     return F.pad(padded, (0, -(-kp // size) * size - kp)).view(n, -1, size)
 
 
+# Rows quantized at a time: the temporaries of a whole 49152-row embedding table would
+# add ~0.5 GB to a load's peak memory.
+QUANTIZE_CHUNK_ROWS = 4096
+
+
+def _by_chunks(quantize: Any, weight: torch.Tensor, *args: Any) -> QuantizedWeight:
+    if weight.shape[0] <= QUANTIZE_CHUNK_ROWS:
+        return quantize(weight, *args)  # type: ignore[no-any-return]
+    return cat_rows([quantize(part, *args) for part in weight.split(QUANTIZE_CHUNK_ROWS)])
+
+
 def quantize_int8(weight: torch.Tensor, blocks_per_group: int | None = None) -> QuantizedWeight:
     """Symmetric int8, one scale per row (default) or per group: ``q = round(w / d)``,
     ``d = max|w| / 127``."""
+    return _by_chunks(_quantize_int8, weight, blocks_per_group)
+
+
+def quantize_int4(weight: torch.Tensor, blocks_per_group: int = 1) -> QuantizedWeight:
+    """Asymmetric 4-bit per group (Q4_1's arithmetic): ``m = min``, ``d = (max - min) / 15``,
+    ``q = round((w - m) / d)``."""
+    return _by_chunks(_quantize_int4, weight, blocks_per_group)
+
+
+def _quantize_int8(weight: torch.Tensor, blocks_per_group: int | None) -> QuantizedWeight:
     padded = _pad_columns(weight)
     groups = _groups(padded, blocks_per_group)
     d = (groups.abs().amax(dim=2) / 127.0).half()  # [N, G]
@@ -167,9 +189,7 @@ def quantize_int8(weight: torch.Tensor, blocks_per_group: int | None = None) -> 
                            blocks_per_group, weight.shape[1])
 
 
-def quantize_int4(weight: torch.Tensor, blocks_per_group: int = 1) -> QuantizedWeight:
-    """Asymmetric 4-bit per group (Q4_1's arithmetic): ``m = min``, ``d = (max - min) / 15``,
-    ``q = round((w - m) / d)``."""
+def _quantize_int4(weight: torch.Tensor, blocks_per_group: int) -> QuantizedWeight:
     padded = _pad_columns(weight)
     groups = _groups(padded, blocks_per_group)
     lo, hi = groups.amin(dim=2), groups.amax(dim=2)

@@ -149,3 +149,12 @@ def test_rows_select_and_concatenate() -> None:
 def test_cache_dir_is_the_callers(tmp_path: Path) -> None:
     CpuQuantLinear(tmp_path)
     assert list(tmp_path.glob("quant_linear-*.so"))
+
+
+def test_quantizing_by_row_chunks_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = _randn(40, 96, seed=15)
+    whole8, whole4 = Q.quantize_int8(w), Q.quantize_int4(w)
+    monkeypatch.setattr(Q, "QUANTIZE_CHUNK_ROWS", 16)
+    for whole, parts in ((whole8, Q.quantize_int8(w)), (whole4, Q.quantize_int4(w))):
+        assert torch.equal(whole.codes, parts.codes) and torch.equal(whole.scales, parts.scales)
+        assert torch.equal(whole.offsets, parts.offsets)
