@@ -27,12 +27,14 @@ from kernels.dispatch import (
     get_kernel_backend,
     plan_decode,
     plan_extend,
+    quantized_linear,
     rms_norm,
     set_kernel_backend,
     silu_and_mul,
     store_kv,
 )
 from kernels.reference.kv_quant import KV_QUANT_QMAX, dequantize_kv, is_quantized_kv, quantize_kv
+from kernels.reference.quant import QuantizedWeight
 
 __all__ = [
     "KV_QUANT_QMAX",
@@ -49,6 +51,8 @@ __all__ = [
     "plan_decode",
     "plan_extend",
     "quantize_kv",
+    "QuantizedWeight",
+    "quantized_linear",
     "rms_norm",
     "set_kernel_backend",
     "silu_and_mul",

@@ -11,6 +11,9 @@ from typing import Any, Literal
 
 from runtime.errors import InvalidRequestError
 
+WeightFormat = Literal["fp32", "int8", "int4", "gguf", "auto"]
+WEIGHT_FORMATS = ("fp32", "int8", "int4", "gguf", "auto")
+
 SchedulePolicy = Literal["lpm", "fcfs"]
 KVCacheDtype = Literal["auto", "int8", "fp8"]
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
@@ -59,6 +62,11 @@ class EngineConfig:
     # CPU fp32: reorder every linear weight once for oneDNN (2-3x faster decode matmuls;
     # False: plain F.linear, the baseline). Ignored on CUDA and without oneDNN.
     prepack_weights: bool = True
+    # How the model's weights are held (runtime/model/quant.py): "fp32" (the checkpoint's
+    # weights in ``dtype``), "int8" (per channel), "int4" (groups of 32), "gguf" (a GGUF
+    # model's own Q4_0/Q4_1/Q8_0 blocks, not dequantized), or "auto" (see
+    # ``engine_setup.resolve_weights``). Quantized weights compute in fp32.
+    weights: WeightFormat = "auto"
     num_threads: int | None = None  # torch CPU threads; None: torch's default
     # Once loaded, move every live Python object into the GC's permanent generation: a full
     # collection otherwise scans them all (~180 ms with transformers imported, measured),
@@ -85,6 +93,8 @@ class EngineConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise InvalidRequestError(
                 f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        if self.weights not in WEIGHT_FORMATS:
+            raise InvalidRequestError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {self.weights!r}")
         if self.schedule_policy not in ("lpm", "fcfs"):
             raise InvalidRequestError(f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}")
         if self.spec_fixed_cost_rows is not None and not self.spec_fixed_cost_rows > 0:

@@ -19,9 +19,17 @@ from kernels.cpu import NativeBuildError
 from runtime import env
 from runtime.config import DEFAULT_MEM_FRACTION, EngineConfig
 from runtime.errors import InvalidRequestError
+from runtime.model.gguf_weights import load_gguf_model
 from runtime.model.kv_cache import KVCache
-from runtime.model.llama import LlamaForCausalLM
-from runtime.model.loader import load_model, load_tokenizer, read_config, resolve_model_dir
+from runtime.model.llama import LlamaForCausalLM, ModelArgs
+from runtime.model.loader import (
+    gguf_file,
+    load_model,
+    load_tokenizer,
+    read_config,
+    resolve_model_dir,
+)
+from runtime.model.quant import move_quantized, quantize_model
 
 log = logging.getLogger(__name__)
 _gc_unfreeze_registered = False
@@ -38,8 +46,19 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """fp32 on the CPU (bf16 matmuls are ~25x slower there), bf16 on CUDA by default."""
+def resolve_weights(name: str, device: torch.device) -> str:
+    """The weight format: "auto" is "fp32" (see the README's quantization table for the
+    measured speed and agreement of each format)."""
+    return "fp32" if name == "auto" else name
+
+
+def resolve_dtype(name: str, device: torch.device, weights: str = "fp32") -> torch.dtype:
+    """fp32 on the CPU (bf16 matmuls are ~25x slower there), bf16 on CUDA by default;
+    quantized weights compute in fp32 everywhere."""
+    if weights != "fp32":
+        if name not in ("auto", "float32"):
+            raise InvalidRequestError(f"weights={weights!r} computes in float32; got dtype={name!r}")
+        return torch.float32
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if name not in _DTYPES:
@@ -142,6 +161,7 @@ class LoadedModel:
     model: LlamaForCausalLM
     num_pages: int
     max_model_len: int
+    weights: str  # the format the weights are held in ("auto" resolved)
 
 
 def load_engine_model(requested: EngineConfig) -> LoadedModel:
@@ -151,15 +171,34 @@ def load_engine_model(requested: EngineConfig) -> LoadedModel:
         torch.set_num_threads(requested.num_threads)
     device = resolve_device(requested.device)
     cfg = requested.for_device(device.type)
-    dtype = resolve_dtype(cfg.dtype, device)
+    weights = resolve_weights(cfg.weights, device)
+    dtype = resolve_dtype(cfg.dtype, device, weights)
+    source = gguf_file(cfg.model) if weights == "gguf" else None  # NOTE: fails before any load
     model_dir = resolve_model_dir(cfg.model)
     tokenizer = load_tokenizer(model_dir)
     hf_config = read_config(model_dir)
     kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, device, dtype)
     num_pages, max_model_len = size_pool(cfg, hf_config, device, kv_dtype)
-    model = load_model(model_dir, device, dtype, max_model_len)
-    if cfg.prepack_weights and use_prepacked_linears(device, dtype):
+    model = _load_weights(model_dir, source, weights, device, dtype, max_model_len, hf_config)
+    if weights == "fp32" and cfg.prepack_weights and use_prepacked_linears(device, dtype):
         model.prepack_linears()
     if device.type == "cpu":
         enable_cpu_kernels()
-    return LoadedModel(cfg, device, dtype, kv_dtype, model_dir, tokenizer, hf_config, model, num_pages, max_model_len)
+    return LoadedModel(cfg, device, dtype, kv_dtype, model_dir, tokenizer, hf_config, model, num_pages, max_model_len,
+                       weights)
+
+
+def _load_weights(
+    model_dir: Path, source: Path | None, weights: str, device: torch.device, dtype: torch.dtype,
+    max_model_len: int, hf_config: dict[str, Any],
+) -> LlamaForCausalLM:
+    """The model with its weights in the ``weights`` format."""
+    if source is not None:  # "gguf": the file's own blocks
+        model = load_gguf_model(source, ModelArgs.from_hf_config(hf_config), max_model_len, model_dir)
+        model.to(device)
+        move_quantized(model, device)
+        return model
+    model = load_model(model_dir, device, dtype, max_model_len)
+    if weights in ("int8", "int4"):
+        quantize_model(model, weights)
+    return model

@@ -8,7 +8,10 @@ keeps the torch reference as its specification and its fallback:
 - quantizing store of new K/V into an int8 / fp8 pool (``store_kv.c``): one pass per row
   instead of ~10 tensor ops;
 - the small ops of a block (``elementwise.c``): residual add + RMSNorm, SiLU-and-mul,
-  rotary embedding in place, each one pass instead of 4-10 torch ops.
+  rotary embedding in place, each one pass instead of 4-10 torch ops;
+- block-quantized linears (``quant_linear.c``): int8 activations against 4- or 8-bit
+  weight codes, integer dot products per block (torch's weight-only kernels run far below
+  memory bandwidth at decode shapes on this CPU).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 from kernels.cpu.build import NativeBuildError
 from kernels.cpu.decode_attention import CpuDecodeAttention
 from kernels.cpu.elementwise import CpuElementwise
+from kernels.cpu.quant_linear import CpuQuantLinear
 from kernels.cpu.store_kv import CpuStoreKV
 
 
@@ -29,11 +33,14 @@ class CpuKernels:
     decode_attention: CpuDecodeAttention
     elementwise: CpuElementwise
     store_kv: CpuStoreKV
+    quant_linear: CpuQuantLinear
 
     @classmethod
     def build(cls, cache_dir: Path) -> CpuKernels:
         """Compile (or load from ``cache_dir``) every kernel; raises ``NativeBuildError``."""
-        return cls(CpuDecodeAttention(cache_dir), CpuElementwise(cache_dir), CpuStoreKV(cache_dir))
+        return cls(CpuDecodeAttention(cache_dir), CpuElementwise(cache_dir), CpuStoreKV(cache_dir),
+                   CpuQuantLinear(cache_dir))
 
 
-__all__ = ["CpuDecodeAttention", "CpuElementwise", "CpuKernels", "CpuStoreKV", "NativeBuildError"]
+__all__ = ["CpuDecodeAttention", "CpuElementwise", "CpuKernels", "CpuQuantLinear", "CpuStoreKV",
+           "NativeBuildError"]

@@ -44,17 +44,19 @@ def _compiler() -> str:
     return cc
 
 
-def build_library(name: str, cache_dir: Path) -> ctypes.CDLL:
-    """Compile ``<name>.c`` (if not cached) and load it.
+def build_library(name: str, cache_dir: Path, defines: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """Compile ``<name>.c`` (if not cached) and load it; ``defines`` (``"NAME"`` or
+    ``"NAME=VALUE"``) become ``-D`` flags, e.g. to force a kernel's portable path in tests.
 
     Raises:
         NativeBuildError: no compiler, a failed compile, or a library that won't load.
     """
     source = SOURCE_DIR / f"{name}.c"
     cc = _compiler()
+    flags = (*CFLAGS, *(f"-D{d}" for d in defines))
     key = hashlib.sha256()
     headers = [h.read_bytes() for h in sorted(SOURCE_DIR.glob("*.h"))]
-    for part in (source.read_bytes(), *headers, " ".join(CFLAGS).encode(), cc.encode(),
+    for part in (source.read_bytes(), *headers, " ".join(flags).encode(), cc.encode(),
                  platform.machine().encode(), _cpu_flags().encode()):
         key.update(part)
     target = cache_dir / f"{name}-{key.hexdigest()[:16]}.so"
@@ -63,7 +65,7 @@ def build_library(name: str, cache_dir: Path) -> ctypes.CDLL:
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache_dir)
         os.close(fd)
         try:
-            done = subprocess.run([cc, *CFLAGS, "-o", tmp, str(source), "-lm"],
+            done = subprocess.run([cc, *flags, "-o", tmp, str(source), "-lm"],
                                   capture_output=True, text=True, timeout=120)
             if done.returncode != 0:
                 raise NativeBuildError(f"{cc} failed on {source.name}:\n{done.stderr.strip()}")

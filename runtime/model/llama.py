@@ -150,7 +150,8 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, args: ModelArgs, max_positions: int) -> None:
         super().__init__()
         self.args = args
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        # nn.Embedding, or runtime.model.quant.QuantizedEmbedding
+        self.embed_tokens: nn.Module = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(args, i) for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.rope = RotaryEmbedding(args.head_dim, max_positions, args.rope)
@@ -164,6 +165,7 @@ class LlamaForCausalLM(nn.Module):
         Irreversible: the plain weights are released, except the embedding table, which
         the token lookup still needs (a tied head gets its own packed copy).
         """
+        assert isinstance(self.embed_tokens, nn.Embedding), "the weights are quantized"
         for layer in self.layers:
             assert isinstance(layer, DecoderLayer)
             attn, mlp = layer.self_attn, layer.mlp
@@ -189,6 +191,7 @@ class LlamaForCausalLM(nn.Module):
             h, residual = layer(h, residual, rope, meta)
         assert residual is not None, "a model has at least one layer"
         h, _ = self.norm.add_and_norm(h.index_select(0, logits_idx), residual.index_select(0, logits_idx))
-        if self.lm_head is None:  # tied, not prepacked
+        if self.lm_head is None:  # tied, not prepacked nor quantized
+            assert isinstance(self.embed_tokens, nn.Embedding)
             return F.linear(h, self.embed_tokens.weight).float()
         return self.lm_head(h).float()

@@ -18,7 +18,7 @@ import torch
 from runtime import env
 from runtime.errors import ModelLoadError
 from runtime.model.convert import convert_gguf_to_hf_dir
-from runtime.model.default_model import default_model_dir, is_default
+from runtime.model.default_model import default_gguf_file, default_model_dir, is_default
 from runtime.model.llama import LlamaForCausalLM, ModelArgs
 
 
@@ -38,6 +38,21 @@ def resolve_model_dir(model: str | None) -> Path:
         raise ModelLoadError(f"{model} has no config.json: not an HF-style model directory")
     if not list(path.glob("*.safetensors")):
         raise ModelLoadError(f"{model} has no *.safetensors weights")
+    return path
+
+
+def gguf_file(model: str | None) -> Path:
+    """The GGUF file ``model`` comes from (the default model's, or a ``.gguf`` path).
+
+    Raises:
+        ModelLoadError: ``model`` is an HF directory (no GGUF blocks to load).
+    """
+    if is_default(model):
+        return default_gguf_file()
+    assert model is not None
+    path = Path(model).expanduser()
+    if not (path.is_file() and path.suffix == ".gguf"):
+        raise ModelLoadError(f"weights='gguf' needs a .gguf model file (or the default model), got {model}")
     return path
 
 

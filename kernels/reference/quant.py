@@ -1,0 +1,254 @@
+"""Block-quantized weights: the format, its conversions, and the reference matmul (the
+specification of ``kernels/cpu/quant_linear.c``).
+
+A weight row is cut into blocks of 32 input features; every group of blocks has an fp16
+scale ``d`` and offset ``m``, and each element is an unsigned code::
+
+    w[n, k] = d[n, g] * code[n, k] + m[n, g]          g = (k // 32) // blocks_per_group
+
+That one form holds every format we load or make:
+
+    format           bits  group            code               m
+    Q4_1 (GGUF)         4  32               q                  m
+    Q4_0 (GGUF)         4  32               q                  -8 d
+    Q8_0 (GGUF)         8  32               q + 128            -128 d
+    "int4" (ours)       4  32..128          round((w-min)/d)   min        (asymmetric)
+    "int8" (ours)       8  whole row        q + 128            -128 d     (per channel)
+
+Code layout (``codes``, uint8), rows padded with zero codes to ``padded_features``, a
+multiple of 64 (the padded columns' scales are 0 or meet zero activations)::
+
+    8 bits: one byte per element                                   [N, Kp]
+    4 bits: per 64-element superblock, byte i = element i (low nibble) | element 32+i (high)
+                                                                   [N, Kp / 2]
+
+so a 32-byte load and one shift give two whole blocks of codes in order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+BLOCK = 32  # input features per block (the activations' quantization block too)
+SUPERBLOCK = 64  # two blocks: the unit of the 4-bit code layout and of row padding
+GGML_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # bytes per 32 elements in a GGUF file
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """A quantized ``[out_features, in_features]`` weight (see the module docstring)."""
+
+    codes: torch.Tensor  # uint8 [N, Kp] (8 bits) or [N, Kp / 2] (4 bits)
+    scales: torch.Tensor  # float16 [N, num_groups], d
+    offsets: torch.Tensor  # float16 [N, num_groups], m
+    bits: int  # 4 or 8
+    blocks_per_group: int | None  # a power of two; None: one group per row (per channel)
+    in_features: int  # K, before padding
+
+    def __post_init__(self) -> None:
+        if self.bits not in (4, 8):
+            raise ValueError(f"bits must be 4 or 8, got {self.bits}")
+        bpg = self.blocks_per_group
+        if bpg is not None and (bpg < 1 or bpg & (bpg - 1)):
+            raise ValueError(f"blocks_per_group must be a power of two or None, got {bpg}")
+        row_bytes = self.padded_features * self.bits // 8
+        n = self.codes.shape[0]
+        if self.codes.dtype != torch.uint8 or tuple(self.codes.shape) != (n, row_bytes):
+            raise ValueError(f"codes must be uint8 [{n}, {row_bytes}], got {self.codes.dtype} "
+                             f"{tuple(self.codes.shape)}")
+        groups = (n, self.num_groups)
+        for name, t in (("scales", self.scales), ("offsets", self.offsets)):
+            if t.dtype != torch.float16 or tuple(t.shape) != groups:
+                raise ValueError(f"{name} must be float16 {list(groups)}, got {t.dtype} {tuple(t.shape)}")
+
+    @property
+    def out_features(self) -> int:
+        return int(self.codes.shape[0])
+
+    @property
+    def padded_features(self) -> int:  # Kp
+        return -(-self.in_features // SUPERBLOCK) * SUPERBLOCK
+
+    @property
+    def num_blocks(self) -> int:
+        return self.padded_features // BLOCK
+
+    @property
+    def num_groups(self) -> int:
+        if self.blocks_per_group is None:
+            return 1
+        return -(-self.num_blocks // self.blocks_per_group)
+
+    @property
+    def group_shift(self) -> int:
+        """log2(blocks per group); 31 for one group per row (every block index >> 31 is 0)."""
+        return 31 if self.blocks_per_group is None else self.blocks_per_group.bit_length() - 1
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.scales, self.offsets))
+
+    def rows(self, index: torch.Tensor) -> QuantizedWeight:
+        """The weight of the rows ``index`` (a permutation, a token lookup...)."""
+        return QuantizedWeight(self.codes.index_select(0, index), self.scales.index_select(0, index),
+                               self.offsets.index_select(0, index), self.bits, self.blocks_per_group,
+                               self.in_features)
+
+    def to(self, device: torch.device) -> QuantizedWeight:
+        return QuantizedWeight(self.codes.to(device), self.scales.to(device), self.offsets.to(device),
+                               self.bits, self.blocks_per_group, self.in_features)
+
+
+def cat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
+    """Stack weights of one format along the output dim (the fused q/k/v, gate/up)."""
+    first = parts[0]
+    for p in parts[1:]:
+        if (p.bits, p.blocks_per_group, p.in_features) != (first.bits, first.blocks_per_group, first.in_features):
+            raise ValueError("can only concatenate quantized weights of one format and width")
+    return QuantizedWeight(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]),
+                           torch.cat([p.offsets for p in parts]), first.bits, first.blocks_per_group,
+                           first.in_features)
+
+
+# ---- codes <-> layout ----------------------------------------------------------------------
+def _pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """[N, Kp] codes (0..2^bits-1, any int dtype) -> the stored uint8 layout."""
+    codes = codes.to(torch.uint8)
+    if bits == 8:
+        return codes.contiguous()
+    n, kp = codes.shape
+    pairs = codes.view(n, kp // SUPERBLOCK, 2, BLOCK)  # [N, superblock, (low, high) block, 32]
+    return (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(n, kp // 2).contiguous()
+
+
+def _unpack_codes(w: QuantizedWeight) -> torch.Tensor:  # [N, Kp] uint8
+    if w.bits == 8:
+        return w.codes
+    n = w.out_features
+    packed = w.codes.view(n, -1, 1, BLOCK)
+    return torch.cat([packed & 0x0F, packed >> 4], dim=2).reshape(n, w.padded_features)
+
+
+def _expand_groups(t: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:  # [N, G] -> [N, Kp] fp32
+    per_group = w.padded_features if w.blocks_per_group is None else w.blocks_per_group * BLOCK
+    return t.float().repeat_interleave(per_group, dim=1)[:, : w.padded_features]
+
+
+def dequantize(w: QuantizedWeight) -> torch.Tensor:  # [N, K] float32
+    """The fp32 weight the codes stand for: ``d * code + m``."""
+    full = _expand_groups(w.scales, w) * _unpack_codes(w).float() + _expand_groups(w.offsets, w)
+    return full[:, : w.in_features].contiguous()
+
+
+# ---- quantizing fp32 weights ---------------------------------------------------------------
+def _pad_columns(weight: torch.Tensor) -> torch.Tensor:
+    k = weight.shape[1]
+    return F.pad(weight.float(), (0, -(-k // SUPERBLOCK) * SUPERBLOCK - k))
+
+
+def _groups(padded: torch.Tensor, blocks_per_group: int | None) -> torch.Tensor:  # [N, G, group]
+    n, kp = padded.shape
+    size = kp if blocks_per_group is None else blocks_per_group * BLOCK
+    return F.pad(padded, (0, -(-kp // size) * size - kp)).view(n, -1, size)
+
+
+# Rows quantized at a time: the temporaries of a whole 49152-row embedding table would
+# add ~0.5 GB to a load's peak memory.
+QUANTIZE_CHUNK_ROWS = 4096
+
+
+def _by_chunks(quantize: Any, weight: torch.Tensor, *args: Any) -> QuantizedWeight:
+    if weight.shape[0] <= QUANTIZE_CHUNK_ROWS:
+        return quantize(weight, *args)  # type: ignore[no-any-return]
+    return cat_rows([quantize(part, *args) for part in weight.split(QUANTIZE_CHUNK_ROWS)])
+
+
+def quantize_int8(weight: torch.Tensor, blocks_per_group: int | None = None) -> QuantizedWeight:
+    """Symmetric int8, one scale per row (default) or per group: ``q = round(w / d)``,
+    ``d = max|w| / 127``."""
+    return _by_chunks(_quantize_int8, weight, blocks_per_group)
+
+
+def quantize_int4(weight: torch.Tensor, blocks_per_group: int = 1) -> QuantizedWeight:
+    """Asymmetric 4-bit per group (Q4_1's arithmetic): ``m = min``, ``d = (max - min) / 15``,
+    ``q = round((w - m) / d)``."""
+    return _by_chunks(_quantize_int4, weight, blocks_per_group)
+
+
+def _quantize_int8(weight: torch.Tensor, blocks_per_group: int | None) -> QuantizedWeight:
+    padded = _pad_columns(weight)
+    groups = _groups(padded, blocks_per_group)
+    d = (groups.abs().amax(dim=2) / 127.0).half()  # [N, G]
+    inv = torch.where(d.float() > 0, 1.0 / d.float(), torch.zeros_like(d, dtype=torch.float32))
+    q = torch.round(groups * inv[:, :, None]).clamp(-127, 127).flatten(1)[:, : padded.shape[1]]
+    return QuantizedWeight(_pack_codes(q.to(torch.int16) + 128, 8), d, (-128.0 * d.float()).half(), 8,
+                           blocks_per_group, weight.shape[1])
+
+
+def _quantize_int4(weight: torch.Tensor, blocks_per_group: int) -> QuantizedWeight:
+    padded = _pad_columns(weight)
+    groups = _groups(padded, blocks_per_group)
+    lo, hi = groups.amin(dim=2), groups.amax(dim=2)
+    d, m = ((hi - lo) / 15.0).half(), lo.half()
+    inv = torch.where(d.float() > 0, 1.0 / d.float(), torch.zeros_like(lo))
+    q = torch.round((groups - m.float()[:, :, None]) * inv[:, :, None]).clamp(0, 15)
+    return QuantizedWeight(_pack_codes(q.flatten(1)[:, : padded.shape[1]], 4), d, m, 4, blocks_per_group,
+                           weight.shape[1])
+
+
+# ---- GGUF blocks ---------------------------------------------------------------------------
+def from_ggml_blocks(raw: torch.Tensor, kind: str, in_features: int) -> QuantizedWeight:
+    """A GGUF tensor's raw blocks (uint8 [N, K / 32 * block bytes]) in our layout, without
+    dequantizing: the scales are copied bit for bit, the codes only rearranged.
+
+    ``kind``: "Q4_0" (d f16, 16 bytes of nibbles: element j low, j + 16 high), "Q4_1" (d, m,
+    nibbles) or "Q8_0" (d, 32 int8).
+    """
+    if kind not in GGML_BLOCK_BYTES:
+        raise ValueError(f"unsupported GGUF block type {kind!r} (supported: {sorted(GGML_BLOCK_BYTES)})")
+    if in_features % BLOCK:
+        raise ValueError(f"a {kind} row holds whole blocks of {BLOCK}, got {in_features} features")
+    n, nb = raw.shape[0], in_features // BLOCK
+    blocks = raw.reshape(n, nb, GGML_BLOCK_BYTES[kind])
+    d = blocks[:, :, 0:2].contiguous().view(torch.float16).view(n, nb)
+    if kind == "Q8_0":
+        codes = (blocks[:, :, 2:].contiguous().view(torch.int8).to(torch.int16) + 128).view(n, -1)
+        m = (-128.0 * d.float()).half()
+    else:
+        qs = blocks[:, :, 4:] if kind == "Q4_1" else blocks[:, :, 2:]
+        codes = torch.cat([qs & 0x0F, qs >> 4], dim=2).view(n, -1)  # elements 0..15, 16..31
+        m = blocks[:, :, 2:4].contiguous().view(torch.float16).view(n, nb) if kind == "Q4_1" \
+            else (-8.0 * d.float()).half()
+    bits = 8 if kind == "Q8_0" else 4
+    kp = -(-in_features // SUPERBLOCK) * SUPERBLOCK
+    pad_blocks = kp // BLOCK - nb
+    codes = F.pad(codes, (0, kp - in_features))
+    d, m = F.pad(d, (0, pad_blocks)), F.pad(m, (0, pad_blocks))  # padded blocks: d = m = 0
+    return QuantizedWeight(_pack_codes(codes, bits), d.contiguous(), m.contiguous(), bits, 1, in_features)
+
+
+# ---- the matmul ----------------------------------------------------------------------------
+def quantized_linear(
+    x: torch.Tensor,  # [..., K]
+    weight: QuantizedWeight,
+    bias: torch.Tensor | None = None,  # [N]
+) -> torch.Tensor:  # [..., N]
+    """The specification: ``x @ dequantize(weight).T + bias`` in fp32."""
+    if x.shape[-1] != weight.in_features:
+        raise ValueError(f"expected {weight.in_features} input features, got {x.shape[-1]}")
+    return F.linear(x.float(), dequantize(weight).to(x.device), bias)
+
+
+def quantize_activations(x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, K] fp32
+    """What the CPU kernel multiplies instead of ``x``: each block of 32 rounded to
+    ``dx * round(x / dx)``, ``dx = max|x| / 127`` (llama.cpp's Q8_0 activations). The kernel
+    equals ``quantized_linear(quantize_activations(x), w)`` up to fp32 summation order."""
+    m, k = x.shape
+    blocks = F.pad(x.float(), (0, -(-k // BLOCK) * BLOCK - k)).view(m, -1, BLOCK)
+    amax = blocks.abs().amax(dim=2, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    return (torch.round(blocks * inv) * (amax / 127.0)).flatten(1)[:, :k]

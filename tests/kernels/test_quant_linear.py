@@ -1,0 +1,160 @@
+"""Block-quantized weights: the format's conversions (fp32 -> int8 / int4, GGUF blocks ->
+ours, bit for bit against the ``gguf`` package's own dequantizer) and the C kernel on each
+instruction-set path against the torch reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from kernels import dispatch
+from kernels.cpu import CpuKernels
+from kernels.cpu.quant_linear import CpuQuantLinear
+from kernels.reference import quant as Q
+
+PATH_DEFINES = {"native": (), "avx2": ("ARBOR_QUANT_NO_AVX512",), "portable": ("ARBOR_QUANT_SCALAR",)}
+
+
+@pytest.fixture(scope="module", params=sorted(PATH_DEFINES))
+def kernel(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> CpuQuantLinear:
+    """The kernel built for each instruction-set path this CPU can run (the native build;
+    AVX2 forced below AVX-512; portable C)."""
+    native = CpuQuantLinear(tmp_path_factory.mktemp("qk"))
+    built = CpuQuantLinear(tmp_path_factory.getbasetemp() / "qk-paths", PATH_DEFINES[request.param])
+    if request.param == "avx2" and native.path == "portable C":
+        pytest.skip("this CPU has no AVX2: only the portable path runs here")
+    return built
+
+
+def _randn(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+FORMATS = {
+    "int8-row": lambda w: Q.quantize_int8(w),
+    "int8-g32": lambda w: Q.quantize_int8(w, blocks_per_group=1),
+    "int4-g32": lambda w: Q.quantize_int4(w),
+    "int4-g128": lambda w: Q.quantize_int4(w, blocks_per_group=4),
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+@pytest.mark.parametrize("rows,n,k", [(1, 960, 576), (7, 576, 1536), (33, 100, 800), (3, 17, 40)])
+def test_kernel_matches_the_reference(kernel: CpuQuantLinear, fmt: str, rows: int, n: int, k: int) -> None:
+    """Equal to the reference on the int8-rounded activations up to fp32 summation order,
+    and within the activation rounding (~0.5% of the output) of the fp32 spec; K = 800 and
+    40 exercise the padding to whole 64-element superblocks."""
+    weight = FORMATS[fmt](_randn(n, k, seed=1, scale=0.05))
+    x, bias = _randn(rows, k, seed=2), _randn(n, seed=3)
+    out = kernel(x, weight, bias)
+    exact = Q.quantized_linear(Q.quantize_activations(x), weight, bias)
+    torch.testing.assert_close(out, exact, atol=2e-5, rtol=1e-5)
+    spec = Q.quantized_linear(x, weight, bias)
+    assert ((out - spec).norm() / spec.norm()).item() < 0.01
+
+
+def test_kernel_takes_any_leading_shape_and_no_rows(kernel: CpuQuantLinear) -> None:
+    weight = Q.quantize_int4(_randn(64, 128, seed=4))
+    x = _randn(2, 3, 128, seed=5)
+    out = kernel(x, weight)
+    assert out.shape == (2, 3, 64)
+    torch.testing.assert_close(out.view(6, 64), kernel(x.view(6, 128), weight))
+    assert kernel(torch.zeros(0, 128), weight).shape == (0, 64)
+
+
+def test_kernel_refuses_a_wrong_width_or_bias(kernel: CpuQuantLinear) -> None:
+    weight = Q.quantize_int8(_randn(64, 128, seed=6))
+    with pytest.raises(ValueError, match="128 input features"):
+        kernel(torch.zeros(1, 96), weight)
+    with pytest.raises(ValueError, match="bias"):
+        kernel(torch.zeros(1, 128), weight, torch.zeros(63))
+
+
+def test_dispatch_uses_the_kernel_and_falls_back_to_the_reference(
+    cpu_kernels: CpuKernels, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dispatch, "_cpu", cpu_kernels)
+    weight = Q.quantize_int4(_randn(96, 256, seed=7))
+    x = _randn(5, 256, seed=8)
+    native = dispatch.quantized_linear(x, weight)
+    torch.testing.assert_close(native, Q.quantized_linear(Q.quantize_activations(x), weight),
+                               atol=2e-5, rtol=1e-5)
+    many = _randn(dispatch.QUANT_KERNEL_MAX_ROWS, 256, seed=9)  # a prefill chunk: fp32 matmul
+    torch.testing.assert_close(dispatch.quantized_linear(many, weight), Q.quantized_linear(many, weight))
+    dispatch.set_kernel_backend("torch")
+    try:
+        torch.testing.assert_close(dispatch.quantized_linear(x, weight), Q.quantized_linear(x, weight))
+    finally:
+        dispatch.set_kernel_backend("auto")
+
+
+# ---- the format ----------------------------------------------------------------------------
+def test_int8_and_int4_round_trip_within_half_a_step() -> None:
+    w = _randn(50, 200, seed=9)  # 200 features: padded to 256 = 8 blocks
+    for qw, groups in ((Q.quantize_int8(w), 1), (Q.quantize_int4(w), 8), (Q.quantize_int4(w, 4), 2)):
+        assert qw.scales.shape == (50, groups) and qw.padded_features == 256
+        err = (Q.dequantize(qw) - w).abs()
+        per_row_step = qw.scales.float().amax(dim=1, keepdim=True)
+        # within half a grid step (plus the fp16 rounding of d and m)
+        assert (err <= per_row_step * 0.5 * 1.01 + 1e-3).all(), qw.bits
+    exact = torch.tensor([[-127.0, 0.0, 1.0, 127.0] * 8])  # on the int8 grid with d = 1
+    torch.testing.assert_close(Q.dequantize(Q.quantize_int8(exact)), exact)
+
+
+def test_format_checks_its_tensors() -> None:
+    qw = Q.quantize_int4(_randn(8, 64, seed=10))
+    with pytest.raises(ValueError, match="codes must be uint8"):
+        Q.QuantizedWeight(qw.codes[:, :-1], qw.scales, qw.offsets, 4, 1, 64)
+    with pytest.raises(ValueError, match="power of two"):
+        Q.QuantizedWeight(qw.codes, qw.scales, qw.offsets, 4, 3, 64)
+    with pytest.raises(ValueError, match="bits"):
+        Q.QuantizedWeight(qw.codes, qw.scales, qw.offsets, 2, 1, 64)
+    with pytest.raises(ValueError, match="one format"):
+        Q.cat_rows([qw, Q.quantize_int8(_randn(8, 64, seed=11))])
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("k", [64, 96])  # 96: an odd number of blocks, padded
+def test_ggml_blocks_load_bit_for_bit(kind: str, k: int) -> None:
+    """gguf's own quantizer writes the blocks; ours must dequantize to exactly what gguf's
+    dequantizer gives (both compute d * q + m in fp32)."""
+    qtype = gguf.GGMLQuantizationType[kind]
+    w = _randn(24, k, seed=12).numpy()
+    raw = gguf.quants.quantize(w, qtype)  # uint8 [24, k / 32 * block bytes]
+    want = torch.from_numpy(gguf.quants.dequantize(raw, qtype).astype(np.float32))
+    ours = Q.from_ggml_blocks(torch.from_numpy(raw), kind, k)
+    assert ours.bits == (8 if kind == "Q8_0" else 4)
+    torch.testing.assert_close(Q.dequantize(ours), want, atol=0, rtol=0)
+
+
+def test_ggml_blocks_refuse_unknown_types_and_partial_blocks() -> None:
+    with pytest.raises(ValueError, match="unsupported GGUF block type"):
+        Q.from_ggml_blocks(torch.zeros(1, 18, dtype=torch.uint8), "Q5_K", 32)
+    with pytest.raises(ValueError, match="whole blocks"):
+        Q.from_ggml_blocks(torch.zeros(1, 18, dtype=torch.uint8), "Q4_0", 40)
+
+
+def test_rows_select_and_concatenate() -> None:
+    a, b = Q.quantize_int4(_randn(6, 64, seed=13)), Q.quantize_int4(_randn(4, 64, seed=14))
+    both = Q.cat_rows([a, b])
+    torch.testing.assert_close(Q.dequantize(both), torch.cat([Q.dequantize(a), Q.dequantize(b)]))
+    idx = torch.tensor([3, 0, 9])
+    torch.testing.assert_close(Q.dequantize(both.rows(idx)), Q.dequantize(both)[idx])
+
+
+def test_cache_dir_is_the_callers(tmp_path: Path) -> None:
+    CpuQuantLinear(tmp_path)
+    assert list(tmp_path.glob("quant_linear-*.so"))
+
+
+def test_quantizing_by_row_chunks_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = _randn(40, 96, seed=15)
+    whole8, whole4 = Q.quantize_int8(w), Q.quantize_int4(w)
+    monkeypatch.setattr(Q, "QUANTIZE_CHUNK_ROWS", 16)
+    for whole, parts in ((whole8, Q.quantize_int8(w)), (whole4, Q.quantize_int4(w))):
+        assert torch.equal(whole.codes, parts.codes) and torch.equal(whole.scales, parts.scales)
+        assert torch.equal(whole.offsets, parts.offsets)

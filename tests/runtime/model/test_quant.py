@@ -1,0 +1,209 @@
+"""Quantized weights in the model: the module swap on tiny random models (logits near
+fp32's), the engine's ``weights`` setting and its refusals, and on the default model:
+GGUF-native weights equal to the converted fp32 ones and next-token agreement gates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import kernels
+from kernels.cpu import NativeBuildError
+from kernels.reference.quant import dequantize
+from runtime import Engine, SamplingParams
+from runtime.cli import build_parser, engine_kwargs
+from runtime.config import EngineConfig
+from runtime.errors import InvalidRequestError, ModelLoadError
+from runtime.model.attention import AttentionMetadata
+from runtime.model.kv_cache import KVCache
+from runtime.model.llama import LlamaForCausalLM
+from runtime.model.loader import load_model, resolve_model_dir
+from runtime.model.quant import (
+    QuantizedEmbedding,
+    QuantizedLinear,
+    quantize_model,
+    quantized_nbytes,
+)
+
+CPU = torch.device("cpu")
+PAGE = 512  # one page holds a whole test sequence
+
+
+def all_logits(model: LlamaForCausalLM, ids: list[int]) -> torch.Tensor:  # [T, vocab]
+    """Teacher-forced logits of every position: one prefill into page 1."""
+    n, args = len(ids), model.args
+    kv = KVCache(args.num_layers, 2, PAGE, args.num_kv_heads, args.head_dim, torch.float32, CPU)
+
+    def i32(v: list[int] | list[list[int]]) -> torch.Tensor:
+        return torch.tensor(v, dtype=torch.int32)
+
+    meta = AttentionMetadata(
+        kv=kv, out_slots=PAGE + torch.arange(n), num_extend_tokens=n, extend_page_table=i32([[1]]),
+        extend_prefix_lens=i32([0]), extend_lens=i32([n]), extend_qo_indptr=i32([0, n]),
+        decode_page_table=torch.zeros(0, 1, dtype=torch.int32), decode_seq_lens=i32([]),
+    )
+    return model(torch.tensor(ids), torch.arange(n), meta, torch.arange(n))
+
+
+IDS = [1, 504, 3120, 42, 9, 30000, 77, 1234, 8, 4000, 12, 999]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+# NOTE: random Gaussian weights are int4's worst case (~8% error per weight, measured 0.30-0.32
+# here over 2 layers); a mis-wired swap (wrong rows, lost bias) gives ~1.4.
+@pytest.mark.parametrize("fmt,max_rel", [("int8", 0.03), ("int4", 0.45)])
+def test_quantized_model_stays_near_fp32(arch: str, fmt: str, max_rel: float,
+                                         request: pytest.FixtureRequest) -> None:
+    """Every linear, the head and the table swapped (Qwen2: q/k/v bias kept, tied table
+    shared by the lookup and the head); logits within the format's error of fp32's."""
+    model_dir: Path = request.getfixturevalue(f"tiny_{arch}_dir")
+    fp32 = load_model(model_dir, CPU, torch.float32, max_positions=64)
+    want = all_logits(fp32, IDS)
+    model = load_model(model_dir, CPU, torch.float32, max_positions=64)
+    quantize_model(model, fmt)
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert not linears and isinstance(model.embed_tokens, QuantizedEmbedding)
+    assert isinstance(model.lm_head, QuantizedLinear)
+    if arch == "qwen2":
+        assert model.lm_head.weight is model.embed_tokens.weight
+        assert model.layers[0].self_attn.qkv_proj.bias is not None  # type: ignore[union-attr]
+    got = all_logits(model, IDS)
+    rel = ((got - want).norm(dim=-1) / want.norm(dim=-1)).max().item()
+    assert rel < max_rel, rel
+    fp32_bytes = sum(p.numel() * 4 for p in fp32.parameters())
+    assert quantized_nbytes(model) < fp32_bytes * 0.3  # the int8 table dominates a tiny model
+    bits = {m.weight.bits for m in model.layers.modules() if isinstance(m, QuantizedLinear)}
+    assert bits == {8 if fmt == "int8" else 4} and model.lm_head.weight.bits == 8
+
+
+def test_quantize_model_refuses_an_unknown_format(tiny_llama_dir: Path) -> None:
+    model = load_model(tiny_llama_dir, CPU, torch.float32, max_positions=64)
+    with pytest.raises(ValueError, match="unknown quantized format 'int3'"):
+        quantize_model(model, "int3")
+
+
+def test_engine_weights_setting_and_its_refusals(tiny_llama_dir: Path) -> None:
+    with pytest.raises(InvalidRequestError, match="weights must be one of"):
+        EngineConfig(weights="int3")  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequestError, match="computes in float32"):
+        Engine(model=str(tiny_llama_dir), weights="int8", dtype="bfloat16")
+    with pytest.raises(ModelLoadError, match="needs a .gguf model file"):
+        Engine(model=str(tiny_llama_dir), weights="gguf")
+    args = build_parser().parse_args(["serve", "--weights", "int4"])
+    assert engine_kwargs(args)["weights"] == "int4"
+
+
+def test_engine_generates_with_int8_weights(tiny_llama_dir: Path) -> None:
+    params = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
+    outs = {}
+    for weights in ("fp32", "int8"):
+        engine = Engine(model=str(tiny_llama_dir), weights=weights, num_pages=256, page_size=4)
+        outs[weights] = engine.generate(input_ids=[IDS], sampling_params=params)[0].token_ids
+        engine.close()
+    assert len(outs["int8"]) == 8
+    assert outs["int8"][:2] == outs["fp32"][:2]  # random weights: only the first steps are margin-safe
+
+
+# ---- the default model (slow: loads it two to four times) ----------------------------------
+PROMPTS = [
+    "The capital of France is", "def fibonacci(n):\n    ", "Photosynthesis is the process by which",
+    "Once upon a time, in a small village,", "The three primary colors are",
+    "To make a cup of tea, first", "import numpy as np\nx = np.", "The largest planet in the solar system",
+]
+# Measured on these 250 positions (int8 activations in every format's kernel), top-1 / mean
+# KL: int8 0.964 / 0.0080, int4 0.984 / 0.0043, gguf 0.980 / 0.0033 (with continuations
+# from the model's own argmax instead of the engine's: 0.972, 0.968, 0.976). int8 per
+# channel does not reliably reach the 97% the issue asks for (groups of 32: 0.960 / 0.0046),
+# which is why "auto" stays fp32. The gates leave room for near-ties flipping.
+MIN_AGREEMENT = {"int8": 0.95, "int4": 0.95, "gguf": 0.95}
+MAX_MEAN_KL = {"int8": 0.015, "int4": 0.01, "gguf": 0.006}
+
+
+@pytest.fixture(scope="module")
+def cpu_kernels_enabled(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The C kernels on (as every engine turns them on): the reference dequantizes each
+    weight on every call, far too slow for a 135M model."""
+    try:
+        kernels.enable_cpu_kernels(tmp_path_factory.mktemp("kernels"))
+    except NativeBuildError as exc:
+        pytest.skip(f"environment: {exc}")
+
+
+@pytest.fixture(scope="module")
+def fp32_reference(cpu_kernels_enabled: None) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Each prompt followed by 24 greedy fp32 tokens (the engine's), and the fp32 logits of
+    every position."""
+    engine = Engine(model="default", weights="fp32", speculation=False, num_pages=1024)
+    params = SamplingParams(max_new_tokens=24, temperature=0.0, ignore_eos=True)
+    prompts = [engine.tokenizer(p)["input_ids"] for p in PROMPTS]
+    outs = engine.generate(input_ids=prompts, sampling_params=params)
+    engine.close()
+    seqs = [[*p, *o.token_ids] for p, o in zip(prompts, outs, strict=True)]
+    model = load_model(resolve_model_dir("default"), CPU, torch.float32, 2048)
+    model.prepack_linears()
+    return seqs, [all_logits(model, s) for s in seqs]
+
+
+def _quantized_default(fmt: str) -> LlamaForCausalLM:
+    from runtime.model.gguf_weights import load_gguf_model
+    from runtime.model.llama import ModelArgs
+    from runtime.model.loader import gguf_file, read_config
+
+    model_dir = resolve_model_dir("default")
+    if fmt == "gguf":
+        return load_gguf_model(gguf_file("default"), ModelArgs.from_hf_config(read_config(model_dir)), 2048)
+    model = load_model(model_dir, CPU, torch.float32, 2048)
+    quantize_model(model, fmt)
+    return model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["int8", "int4", "gguf"])
+def test_next_token_agreement_with_fp32(fmt: str, fp32_reference: tuple[list[list[int]], list[torch.Tensor]],
+                                        cpu_kernels_enabled: None) -> None:
+    """Top-1 agreement and mean KL(fp32 || quantized) at every position of fp32's own
+    greedy continuations."""
+    seqs, ref = fp32_reference
+    model = _quantized_default(fmt)
+    agree = total = 0
+    kl = 0.0
+    for ids, want in zip(seqs, ref, strict=True):
+        got = all_logits(model, ids)
+        agree += int((got.argmax(-1) == want.argmax(-1)).sum())
+        kl += torch.nn.functional.kl_div(got.log_softmax(-1), want.log_softmax(-1), log_target=True,
+                                         reduction="sum").item()
+        total += len(ids)
+    assert agree / total >= MIN_AGREEMENT[fmt], (fmt, agree / total)
+    assert kl / total <= MAX_MEAN_KL[fmt], (fmt, kl / total)
+
+
+@pytest.mark.slow
+def test_gguf_native_weights_equal_the_converted_fp32_ones(tmp_path: Path) -> None:
+    """The file's blocks, un-permuted and fused, are exactly what the fp32 conversion
+    (transformers' dequantizer + reverse permutation) produced; the second load reads the
+    cached rearrangement and gets the same tensors."""
+    from runtime.model.gguf_weights import load_gguf_model
+    from runtime.model.llama import ModelArgs
+    from runtime.model.loader import gguf_file, read_config
+
+    model_dir = resolve_model_dir("default")
+    fp32 = load_model(model_dir, CPU, torch.float32, 2048)
+    args = ModelArgs.from_hf_config(read_config(model_dir))
+    first = load_gguf_model(gguf_file("default"), args, 2048, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("gguf-native-*.safetensors"))) == 1
+    native = load_gguf_model(gguf_file("default"), args, 2048, cache_dir=tmp_path)  # from the cache
+    assert isinstance(first.layers[3].mlp.down_proj, QuantizedLinear)
+    assert isinstance(native.layers[3].mlp.down_proj, QuantizedLinear)
+    assert torch.equal(first.layers[3].mlp.down_proj.weight.codes, native.layers[3].mlp.down_proj.weight.codes)
+    pairs = [(native.embed_tokens, fp32.embed_tokens)]
+    for ours, theirs in zip(native.layers, fp32.layers, strict=True):
+        for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
+            pairs.append((ours.get_submodule(name), theirs.get_submodule(name)))
+        torch.testing.assert_close(ours.input_layernorm.weight, theirs.input_layernorm.weight, atol=0, rtol=0)
+    for ours_mod, theirs_mod in pairs:
+        assert isinstance(ours_mod, QuantizedLinear | QuantizedEmbedding)
+        torch.testing.assert_close(dequantize(ours_mod.weight), theirs_mod.weight, atol=1e-7, rtol=0)
+    assert native.lm_head is not None and native.lm_head.weight is native.embed_tokens.weight  # tied
