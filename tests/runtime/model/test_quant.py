@@ -53,8 +53,9 @@ IDS = [1, 504, 3120, 42, 9, 30000, 77, 1234, 8, 4000, 12, 999]
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 # NOTE: random Gaussian weights are int4's worst case (~8% error per weight, measured 0.30-0.32
-# here over 2 layers); a mis-wired swap (wrong rows, lost bias) gives ~1.4.
-@pytest.mark.parametrize("fmt,max_rel", [("int8", 0.03), ("int4", 0.45)])
+# here over 2 layers); int8 measured 0.025-0.032 (the tiny models' random weights depend on
+# the test order's RNG state); a mis-wired swap (wrong rows, lost bias) gives ~1.4.
+@pytest.mark.parametrize("fmt,max_rel", [("int8", 0.05), ("int4", 0.45)])
 def test_quantized_model_stays_near_fp32(arch: str, fmt: str, max_rel: float,
                                          request: pytest.FixtureRequest) -> None:
     """Every linear, the head and the table swapped (Qwen2: q/k/v bias kept, tied table
