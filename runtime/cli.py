@@ -1,4 +1,5 @@
-"""The ``arbor`` command: ``arbor generate "prompt"`` and ``arbor serve``.
+"""The ``arbor`` command: ``arbor generate "prompt"``, ``arbor serve`` (``--dp N``: N
+workers behind a router) and ``arbor router --workers URL ...``.
 
 Every ``EngineConfig`` field is a flag (``max_model_len`` ↔ ``--max-model-len``).
 """
@@ -14,6 +15,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from runtime.config import EngineConfig
 from runtime.errors import ArborError
+from runtime.router.launch import add_router_command, add_router_flags
 from runtime.server.launch import add_server_flags
 
 
@@ -62,6 +64,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    if args.dp != 1:
+        from runtime.router.launch import serve_dp
+
+        return serve_dp(args)
     from runtime.server.launch import serve  # NOTE: the web stack loads only to serve
 
     return serve(args, engine_kwargs(args))
@@ -82,15 +88,20 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=_cmd_generate)
     srv = sub.add_parser("serve", help="serve the engine over HTTP (native, OpenAI, programs)")
     add_server_flags(srv)
+    srv.add_argument("--dp", type=int, default=1,
+                     help="data parallelism: N engine worker processes behind a cache-aware router")
+    add_router_flags(srv)
     add_engine_flags(srv)
-    srv.set_defaults(func=_cmd_serve)
+    srv.set_defaults(func=_cmd_serve, serve_parser=srv)
+    add_router_command(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        EngineConfig.from_kwargs(**engine_kwargs(args))  # NOTE: bad settings fail before any load
+        if args.command != "router":  # NOTE: bad settings fail before any load
+            EngineConfig.from_kwargs(**engine_kwargs(args))
         result: int = args.func(args)
         return result
     except ArborError as exc:
