@@ -28,7 +28,7 @@ from runtime.router.workers import WorkerPool
 from runtime.server.auth import ApiKeyMiddleware
 from runtime.server.limits import BodyLimitMiddleware, ServerLimits
 
-CONNECT_TIMEOUT_S = 3.0
+CONNECT_TIMEOUT_S = 10.0  # a loaded 2-core machine can take seconds to accept
 
 
 def create_router_app(

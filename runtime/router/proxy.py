@@ -5,7 +5,8 @@ by chunk. What it adds is failure handling:
 
 - a worker that fails before anything reached the client (connection refused or reset,
   taken out by the health loop while the request waited) is taken out and the request
-  is sent to another worker (``retries``), up to once per worker;
+  is sent to another worker (``retries``), up to once per worker; a connection that
+  timed out is retried elsewhere too, but only the health probes take a slow worker out;
 - a stream whose worker fails after its first event ends with an error event
   (``{"error": {..., "code": 503}}``) and ``data: [DONE]``, as the workers end theirs;
 - a client that leaves makes the router close the worker connection, and the worker then
@@ -136,7 +137,8 @@ async def _attempts(router: Router, request: Request, body: bytes, key: list[int
         except (*WORKER_FAILURES, WorkerGoneError) as exc:
             worker.load -= 1
             reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            router.pool.mark_down(worker, reason)
+            if not isinstance(exc, httpx.TimeoutException):  # a slow worker: its probes decide
+                router.pool.mark_down(worker, reason)
             errors.append(f"{worker.url}: {reason}")
             router.stats.retries += 1
         except BaseException:
@@ -202,12 +204,14 @@ async def _read_all(upstream: httpx.Response) -> bytes:
 async def _guarded(work: Awaitable[T], worker: Worker, disconnect: asyncio.Future[None] | None) -> T:
     """Await ``work`` unless the worker is taken out or the client leaves first."""
     task = asyncio.ensure_future(work)
+    task.add_done_callback(_consume)
     gone = asyncio.ensure_future(worker.gone.wait())
     watched: set[asyncio.Future[Any]] = {task, gone} | ({disconnect} if disconnect else set())
     try:
         done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
     finally:
         gone.cancel()
+        task.cancel()  # NOTE: a no-op when done; else we are being cancelled (the client left)
     if task in done:
         return task.result()
     task.cancel()
@@ -216,6 +220,12 @@ async def _guarded(work: Awaitable[T], worker: Worker, disconnect: asyncio.Futur
     if disconnect is not None and disconnect in done:
         raise ClientGoneError("the client disconnected")
     raise WorkerGoneError(worker.last_error or "the worker was taken out")
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    """Retrieve a cancelled read's late failure (the connection closed under it)."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def _wait_disconnect(request: Request) -> None:
