@@ -22,7 +22,7 @@ class PolicyConfig:
     cache_threshold: float = 0.5
     balance_abs_threshold: int = 8  # requests in flight above the least loaded worker ...
     balance_rel_threshold: float = 1.5  # ... and this many times its load: overloaded
-    index_capacity: int = 1 << 21  # key symbols remembered per worker (about a worker's KV)
+    index_capacity: int = 1 << 18  # key symbols remembered per worker (~9 MB each; ~65k tokens of text)
     hash_prefix_len: int = 256  # consistent_hash: key symbols hashed
 
     def __post_init__(self) -> None:
