@@ -26,16 +26,19 @@ def _flag_type(hint: Any) -> Any:
     return hint if hint in (int, float, str) else str
 
 
+_ALIASES = {"tensor_parallel_size": ("--tp",)}  # SGLang's short names
+
+
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per ``EngineConfig`` field, defaulting to the dataclass's default."""
     hints = get_type_hints(EngineConfig)
     group = parser.add_argument_group("engine settings")
     for f in dataclasses.fields(EngineConfig):
-        flag = "--" + f.name.replace("_", "-")
+        flags = ["--" + f.name.replace("_", "-"), *_ALIASES.get(f.name, ())]
         if hints[f.name] is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+            group.add_argument(*flags, action=argparse.BooleanOptionalAction, default=f.default)
         else:
-            group.add_argument(flag, type=_flag_type(hints[f.name]), default=f.default)
+            group.add_argument(*flags, type=_flag_type(hints[f.name]), default=f.default)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -64,6 +67,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    if args.node_rank > 0:  # a node that only runs tensor-parallel ranks
+        from runtime.tensor_parallel import run_node
+
+        return run_node(EngineConfig.from_kwargs(**engine_kwargs(args)))
     if args.dp != 1:
         from runtime.router.launch import serve_dp
 

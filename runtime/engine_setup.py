@@ -22,6 +22,7 @@ from runtime.errors import InvalidRequestError
 from runtime.model.kv_cache import KVCache
 from runtime.model.llama import LlamaForCausalLM
 from runtime.model.loader import load_model, load_tokenizer, read_config, resolve_model_dir
+from runtime.model.parallel import ShardPlan, add_collectives, shard_model
 
 log = logging.getLogger(__name__)
 _gc_unfreeze_registered = False
@@ -121,12 +122,16 @@ class LoadedModel:
     max_model_len: int
 
 
-def load_engine_model(requested: EngineConfig) -> LoadedModel:
+def load_engine_model(requested: EngineConfig, rank: int = 0) -> LoadedModel:
     """Resolve device and dtype, load tokenizer and model, size the KV pool, and pick the
-    fast paths for this device (prepacked linears, native CPU kernels)."""
+    fast paths for this device (prepacked linears, native CPU kernels). With tensor
+    parallelism, the model is ``rank``'s shard (``runtime.model.parallel``)."""
     if requested.num_threads:
         torch.set_num_threads(requested.num_threads)
     device = resolve_device(requested.device)
+    world = requested.tensor_parallel_size
+    if device.type == "cuda" and world > 1:
+        device = torch.device("cuda", rank % (world // requested.nnodes))
     cfg = requested.for_device(device.type)
     dtype = resolve_dtype(cfg.dtype, device)
     model_dir = resolve_model_dir(cfg.model)
@@ -134,8 +139,13 @@ def load_engine_model(requested: EngineConfig) -> LoadedModel:
     hf_config = read_config(model_dir)
     num_pages, max_model_len = size_pool(cfg, hf_config, device, dtype)
     model = load_model(model_dir, device, dtype, max_model_len)
+    plan = ShardPlan.build(model.args, rank, world) if world > 1 else None
+    if plan is not None:
+        shard_model(model, plan)
     if cfg.prepack_weights and use_prepacked_linears(device, dtype):
         model.prepack_linears()
+    if plan is not None:
+        add_collectives(model, plan)
     if device.type == "cpu":
         enable_cpu_kernels()
     return LoadedModel(cfg, device, dtype, model_dir, tokenizer, hf_config, model, num_pages, max_model_len)
