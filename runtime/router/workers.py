@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import httpx
@@ -55,7 +55,8 @@ class WorkerPool:
     def loads(self) -> list[int]:
         return [w.load for w in self.workers]
 
-    def candidates(self, exclude: set[int] = frozenset()) -> list[int]:  # type: ignore[assignment]
+    def candidates(self, exclude: Collection[int] = ()) -> list[int]:
+        """Indices of the healthy workers, but ``exclude``."""
         return [w.index for w in self.workers if w.healthy and w.index not in exclude]
 
     def mark_down(self, worker: Worker, reason: str) -> None:
