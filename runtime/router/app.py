@@ -28,6 +28,7 @@ from runtime.router.workers import WorkerPool
 from runtime.server.auth import ApiKeyMiddleware
 from runtime.server.limits import BodyLimitMiddleware, ServerLimits
 
+KEEPALIVE_S = 2.0  # below `arbor serve --timeout-keep-alive`'s default (5)
 CONNECT_TIMEOUT_S = 10.0  # a loaded 2-core machine can take seconds to accept
 
 
@@ -60,7 +61,10 @@ def create_router_app(
         # NOTE: no read timeout: a generation takes as long as it takes (each worker has
         # its own request timeout); a worker that stops answering is caught by the probes.
         timeout = httpx.Timeout(connect=CONNECT_TIMEOUT_S, read=None, write=30.0, pool=None)
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        # NOTE: idle pooled connections are dropped before a worker's own keep-alive (5 s
+        # by default) would close them, which would race a reuse and fail a request.
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256,
+                              keepalive_expiry=KEEPALIVE_S)
         async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
             holder["router"] = Router(pool, routing, stats, client)
             await pool.probe_all(client)
