@@ -79,8 +79,8 @@ class _Attempt:
             return
         self.released = True
         self.worker.load -= 1
-        with anyio.CancelScope(shield=True):
-            await self.upstream.aclose()
+        with anyio.CancelScope(shield=True), contextlib.suppress(httpx.HTTPError, OSError):
+            await self.upstream.aclose()  # NOTE: a dead worker's connection may fail to close
 
 
 class _RelayResponse(StreamingResponse):
@@ -159,7 +159,8 @@ async def _attempt(router: Router, worker: Worker, route: Route, request: Reques
             return _Attempt(worker, route, upstream, first, b"", chunks)
         content = await _guarded(_read_all(upstream), worker, disconnect)
     except BaseException:
-        await upstream.aclose()
+        with contextlib.suppress(httpx.HTTPError, OSError):
+            await upstream.aclose()
         raise
     return _Attempt(worker, route, upstream, None, content)
 
