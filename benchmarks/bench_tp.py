@@ -1,7 +1,8 @@
-"""TP=2 over NCCL vs TP=1 on CUDA: greedy agreement on 8 prompts and decode throughput.
-
-Needs at least 2 CUDA devices (NCCL refuses two ranks on one device); on fewer it says so
-and exits. Both sides run in this one invocation on the same model and prompts:
+"""TP=2 vs TP=1: greedy agreement on 8 prompts and decode throughput. On CUDA (the
+default) the ranks talk over NCCL and need 2 devices (NCCL refuses two ranks on one
+device; on fewer it says so and exits); ``--device cpu`` runs them over gloo, each rank
+with ``--threads`` torch threads (TP=1 gets the same total). Both sides run in this one
+invocation on the same model and prompts:
 
 - greedy: 32 new tokens per prompt; reports how many prompts agree token for token, and
   for the others the first differing position (bf16 all-reduces sum in another order, so
@@ -9,7 +10,7 @@ and exits. Both sides run in this one invocation on the same model and prompts:
 - decode: ``--batch`` prompts x ``--new-tokens`` tokens (ignore_eos), median of
   ``--repeats`` runs after a warm-up; tokens/s and the TP=2 / TP=1 ratio.
 
-    python benchmarks/bench_tp_nccl.py [--model default] [--dtype auto] [--batch 32] [--new-tokens 128]
+    python benchmarks/bench_tp.py [--device cuda|cpu] [--model default] [--dtype auto] [--batch 32]
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import median, reproduce_line, save_result  # noqa: E402
+from common import load_average, median, reproduce_line, save_result  # noqa: E402
 
 from runtime import Engine, SamplingParams  # noqa: E402
 
@@ -32,7 +33,8 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", 
 
 
 def measure(args: argparse.Namespace, tp: int) -> tuple[list[list[int]], float]:
-    with Engine(model=args.model, device="cuda", dtype=args.dtype, tensor_parallel_size=tp) as engine:
+    threads = {"num_threads": args.threads * (2 // tp)} if args.device == "cpu" else {}
+    with Engine(model=args.model, device=args.device, dtype=args.dtype, tensor_parallel_size=tp, **threads) as engine:
         greedy = SamplingParams(max_new_tokens=32, temperature=0.0, ignore_eos=True)
         tokens = [o.token_ids for o in engine.generate(PROMPTS, greedy)]
         params = SamplingParams(max_new_tokens=args.new_tokens, temperature=0.0, ignore_eos=True, speculation=False)
@@ -40,16 +42,23 @@ def measure(args: argparse.Namespace, tp: int) -> tuple[list[list[int]], float]:
         engine.generate(prompts, params)  # warm-up
         times = []
         for _ in range(args.repeats):
-            torch.cuda.synchronize()
+            _sync(args.device)
             start = time.perf_counter()
             engine.generate(prompts, params)
-            torch.cuda.synchronize()
+            _sync(args.device)
             times.append(time.perf_counter() - start)
     return tokens, args.batch * args.new_tokens / median(times)
 
 
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--threads", type=int, default=1, help="CPU: torch threads per TP=2 rank")
     parser.add_argument("--model", default="default")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--batch", type=int, default=32)
@@ -57,7 +66,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     print(reproduce_line())
-    if torch.cuda.device_count() < 2:
+    if args.device.startswith("cuda") and torch.cuda.device_count() < 2:
         raise SystemExit(f"TP=2 over NCCL needs 2 CUDA devices; this machine has {torch.cuda.device_count()}")
     one, one_tps = measure(args, 1)
     two, two_tps = measure(args, 2)
@@ -68,7 +77,8 @@ def main() -> None:
             print(f"prompt {i}: first difference at token {first}")
     print(f"greedy agreement: {agree}/{len(PROMPTS)} prompts; decode TP=1 {one_tps:.0f} tok/s, "
           f"TP=2 {two_tps:.0f} tok/s ({two_tps / one_tps:.2f}x)")
-    save_result("bench_tp_nccl", {"args": vars(args), "agree": agree, "tp1_tok_s": one_tps,
+    print(f"load average: {load_average()}")
+    save_result(f"bench_tp_{args.device.split(':')[0]}", {"args": vars(args), "agree": agree, "tp1_tok_s": one_tps,
                                   "tp2_tok_s": two_tps, "command": reproduce_line()})
 
 
