@@ -36,3 +36,18 @@ def test_bad_router_settings_fail_with_a_message(argv: list[str], message: str,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_tensor_parallel_flags() -> None:
+    from runtime.cli import engine_kwargs
+
+    args = build_parser().parse_args(["serve", "--tp", "2", "--nnodes", "2", "--node-rank", "1",
+                                      "--dist-init-addr", "10.0.0.1:5000", "--dist-timeout-s", "30"])
+    kwargs = engine_kwargs(args)
+    assert (kwargs["tensor_parallel_size"], kwargs["nnodes"], kwargs["node_rank"]) == (2, 2, 1)
+    assert (kwargs["dist_init_addr"], kwargs["dist_timeout_s"]) == ("10.0.0.1:5000", 30.0)
+
+
+def test_a_second_node_needs_the_rendezvous_address(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--tp", "2", "--nnodes", "2", "--node-rank", "1"]) == 2
+    assert "dist_init_addr" in capsys.readouterr().err
