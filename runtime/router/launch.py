@@ -161,12 +161,22 @@ class WorkerProcesses:
         self.watcher.start()
 
     def _watch(self) -> None:
+        """Start a worker that exited again; one that keeps dying within a minute of its
+        start waits twice as long each time (up to a minute) rather than spinning."""
+        started = [time.monotonic()] * len(self.procs)
+        delay = [1.0] * len(self.procs)
         while not self.stopping.wait(1.0):
             for i, proc in enumerate(self.procs):
-                if proc.poll() is not None and not self.stopping.is_set():
-                    log.error("worker %d (%s) exited with code %s; starting it again",
-                              i, self.urls[i], proc.returncode)
-                    self.procs[i] = self._spawn(i)
+                if proc.poll() is None or self.stopping.is_set():
+                    continue
+                quick = time.monotonic() - started[i] < 60.0
+                delay[i] = min(60.0, delay[i] * 2) if quick else 1.0
+                log.error("worker %d (%s) exited with code %s; starting it again in %.0f s",
+                          i, self.urls[i], proc.returncode, delay[i])
+                if self.stopping.wait(delay[i]):
+                    return
+                self.procs[i] = self._spawn(i)
+                started[i] = time.monotonic()
 
     def stop(self) -> None:
         self.stopping.set()
