@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -29,7 +30,7 @@ def dp(tiny_llama_dir: Path) -> Iterator[dict[str, Any]]:
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "runtime.cli", "serve", "--dp", "2", "--model", str(tiny_llama_dir),
-         "--num-pages", "2048", "--max-model-len", "512", "--port", str(port), "--programs", str(PROGRAMS),
+         "--num-pages", "4096", "--max-model-len", "2048", "--port", str(port), "--programs", str(PROGRAMS),
          "--health-interval", "0.2", "--health-timeout", "1", "--log-level", "warning"],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     url = f"http://127.0.0.1:{port}"
@@ -103,16 +104,40 @@ def test_dp_serves_the_whole_api_and_keeps_a_prefix_on_one_worker(dp: dict[str, 
 
 def test_a_client_leaving_frees_the_workers_requests(dp: dict[str, Any]) -> None:
     url = dp["url"]
+    long = {"max_new_tokens": 1600, "temperature": 0, "ignore_eos": True}
+    started = time.monotonic()
+    assert httpx.post(f"{url}/generate", timeout=60, json={"text": "Warm up:", "sampling_params": long}
+                      ).status_code == 200
+    whole = time.monotonic() - started  # what a request left running would take
+    print(f"a whole {long['max_new_tokens']}-token generation: {whole:.2f} s")
     with httpx.stream("POST", f"{url}/generate", timeout=60, json={
-            "text": "Tell a long story:", "stream": True,
-            "sampling_params": {"max_new_tokens": 400, "temperature": 0, "ignore_eos": True}}) as s:
-        worker = s.headers["x-arbor-worker"]
+            "text": "Tell a long story:", "stream": True, "sampling_params": long}) as s:
         lines = s.iter_lines()
         assert next(lines).startswith("data: ")
-    deadline = time.monotonic() + 10
-    while httpx.get(f"{worker}/engine_metrics", timeout=5).json()["num_running"] > 0:
-        assert time.monotonic() < deadline, "the worker kept generating for a client that left"
+    wait_until_idle(dp["workers"], within=whole / 3)
+    # A whole answer: the client hangs up while the worker generates.
+    body = json.dumps({"text": "Tell another story:", "sampling_params": long}).encode()
+    port = int(url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.monotonic() + 10
+        while not any(running(w) for w in dp["workers"]):
+            assert time.monotonic() < deadline, "the request never started"
+            time.sleep(0.02)
+    wait_until_idle(dp["workers"], within=whole / 3)
+
+
+def running(worker: str) -> int:
+    return int(httpx.get(f"{worker}/engine_metrics", timeout=5).json()["num_running"])
+
+
+def wait_until_idle(workers: list[str], within: float) -> None:
+    deadline = time.monotonic() + within
+    while any(running(w) > 0 for w in workers):
+        assert time.monotonic() < deadline, f"a worker kept generating for {within:.1f} s for a client that left"
         time.sleep(0.1)
+
 
 
 def test_killing_a_worker_under_load(dp: dict[str, Any]) -> None:
