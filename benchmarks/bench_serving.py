@@ -6,7 +6,9 @@ lengths are exact), and ``multi_turn``: conversations over ``/chat/completions``
 share one long system prompt and grow turn by turn (prefix-cache reuse). Requests
 arrive as a Poisson process at ``--rate`` per second (a conversation arrives once and
 then runs its turns back to back). Per bucket: TTFT, ITL and end-to-end p50/p95/p99 and
-output tokens/s; overall throughput.
+output tokens/s; overall throughput. A second table groups the same requests by prompt
+length in the server's own buckets (``runtime.server.metrics.prompt_bucket``, the
+``prompt_bucket`` label of ``/metrics``), so client and server figures line up.
 
 Tokens, not SSE chunks: a chunk may carry several tokens (speculation accepts a few at a
 time; a token with no text of its own rides with the next). Each request asks for the
@@ -19,7 +21,9 @@ the logprob entries (or the chunks); the summary says which counts it used.
 
 Baseline, measured in the same run: the same requests (other words, so no prefix-cache
 hits from the online run) sent one at a time (``--no-baseline`` skips it). Saves
-``benchmarks/results/<name>.json`` and a latency CDF plot ``<name>_cdf.png``.
+``benchmarks/results/<name>.json`` and latency CDF plots (matplotlib, in the ``dev``
+extra): ``<name>_cdf.png`` (one curve per workload bucket) and ``<name>_cdf_prompt.png``
+(one per prompt-length bucket), each with TTFT, ITL and end-to-end panels.
 
     arbor serve --model default --port 30000 --max-prefill-tokens 256 &
     .venv/bin/python benchmarks/bench_serving.py --base-url http://127.0.0.1:30000/v1 \
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import random
 import sys
@@ -43,6 +48,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, load_average, reproduce_line, save_result  # noqa: E402
+
+from runtime.server.metrics import PROMPT_BUCKET_BOUNDS, prompt_bucket  # noqa: E402
 
 WORDS = [
     "harbour", "town", "history", "fishermen", "settled", "bay", "traded", "salt",
@@ -69,6 +76,7 @@ class Sample:
     """One finished (or failed) request, timed on the client."""
 
     bucket: str
+    tenant: str | None = None
     ttft: float | None = None  # seconds to the first chunk that carries a token
     itl: list[float] = field(default_factory=list)  # per token after that chunk's (see above)
     e2e: float | None = None
@@ -87,13 +95,15 @@ class Job:
     bucket: str
     prompt: str  # the request's prompt, or the conversation's first user message
     max_tokens: int
+    tenant: str | None = None  # sent as the OpenAI ``user`` field (the server's tenant label)
 
 
 def words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
-def make_jobs(num: int, load: Workload, seed: int, buckets: list[str]) -> list[Job]:
+def make_jobs(num: int, load: Workload, seed: int, buckets: list[str], tenants: int = 0) -> list[Job]:
+    """``num`` jobs cycling over ``buckets`` (and over ``tenants`` tenants, if any), shuffled."""
     rng = random.Random(seed)
     sizes = {"short_in": load.short_input, "long_in": load.long_input,
              "short_out": load.short_output, "long_out": load.long_output}
@@ -105,6 +115,8 @@ def make_jobs(num: int, load: Workload, seed: int, buckets: list[str]) -> list[J
         else:
             inp, out = bucket.split("/")
             jobs.append(Job(bucket, words(rng, sizes[inp]), sizes[out]))
+    if tenants:
+        jobs = [dataclasses.replace(j, tenant=f"tenant-{i % tenants}") for i, j in enumerate(jobs)]
     rng.shuffle(jobs)
     return jobs
 
@@ -124,7 +136,7 @@ class Client:
         body: dict[str, Any] = {"prompt": job.prompt, "max_tokens": job.max_tokens}
         if self.token_logprobs:
             body["logprobs"] = 0  # the chosen token's logprob: one entry per token
-        return await self._stream("/completions", body, job.bucket, lambda c: c.get("text"))
+        return await self._stream("/completions", body, job, lambda c: c.get("text"))
 
     async def conversation(self, job: Job, turns: int) -> list[Sample]:
         messages: list[dict[str, str]] = [{"role": "system", "content": self.system}]
@@ -135,7 +147,7 @@ class Client:
             body: dict[str, Any] = {"messages": messages, "max_tokens": job.max_tokens}
             if self.token_logprobs:
                 body["logprobs"] = True
-            sample = await self._stream("/chat/completions", body, job.bucket,
+            sample = await self._stream("/chat/completions", body, job,
                                         lambda c: (c.get("delta") or {}).get("content"), pieces)
             samples.append(sample)
             if sample.error is not None:
@@ -143,13 +155,15 @@ class Client:
             messages.append({"role": "assistant", "content": "".join(pieces)})
         return samples
 
-    async def _stream(self, path: str, body: dict[str, Any], bucket: str, text_of: Any,
+    async def _stream(self, path: str, body: dict[str, Any], job: Job, text_of: Any,
                       pieces: list[str] | None = None) -> Sample:
         body = {**body, "model": self.model, "temperature": 0, "stream": True,
                 "stream_options": {"include_usage": True}}
         if self.ignore_eos:
             body["ignore_eos"] = True
-        sample = Sample(bucket)
+        if job.tenant is not None:
+            body["user"] = job.tenant
+        sample = Sample(job.bucket, job.tenant)
         usage: dict[str, int] | None = None
         start = last = time.perf_counter()
         try:
@@ -208,7 +222,7 @@ def workload(http: httpx.AsyncClient, model: str, args: argparse.Namespace, load
     """A client (with its conversations' shared system prompt) and the jobs for ``seed``."""
     system = "You are a careful assistant. Background: " + words(random.Random(seed + 7), load.system_words)
     client = Client(http, model, args.ignore_eos, system, args.token_logprobs)
-    return client, make_jobs(args.num_requests, load, seed, buckets), load.turns, seed
+    return client, make_jobs(args.num_requests, load, seed, buckets, args.tenants), load.turns, seed
 
 
 async def run_jobs(client: Client, jobs: list[Job], turns: int, seed: int,
@@ -244,8 +258,32 @@ def percentiles(values: list[float]) -> dict[str, float | None]:
     return {"p50": round(float(p[0]), 2), "p95": round(float(p[1]), 2), "p99": round(float(p[2]), 2)}
 
 
+def prompt_groups(samples: list[Sample]) -> dict[str, list[Sample]]:
+    """Samples by the server's prompt-length bucket, in bucket order (needs usage counts)."""
+    order = [prompt_bucket(b) for b in PROMPT_BUCKET_BOUNDS] + [prompt_bucket(PROMPT_BUCKET_BOUNDS[-1] + 1)]
+    groups: dict[str, list[Sample]] = {b: [] for b in order}
+    for s in samples:
+        if s.prompt_tokens:
+            groups[prompt_bucket(s.prompt_tokens)].append(s)
+    return {b: g for b, g in groups.items() if g}
+
+
+def bucket_stats(group: list[Sample]) -> dict[str, Any]:
+    decode_time = sum(sum(s.itl) for s in group)
+    return {
+        "count": len(group),
+        "mean_prompt_tokens": round(sum(s.prompt_tokens for s in group) / len(group), 1),
+        "mean_output_tokens": round(sum(s.output_tokens for s in group) / len(group), 1),
+        "ttft_ms": percentiles([s.ttft for s in group if s.ttft is not None]),
+        "itl_ms": percentiles([x for s in group for x in s.itl]),
+        "e2e_ms": percentiles([s.e2e for s in group if s.e2e is not None]),
+        "decode_tokens_per_s": round(sum(len(s.itl) for s in group) / decode_time, 2) if decode_time else None,
+    }
+
+
 def summarize(samples: list[Sample], duration: float) -> dict[str, Any]:
-    """Throughput over the run and latencies (ms) per bucket and overall."""
+    """Throughput over the run and latencies (ms) per bucket (workload and prompt length)
+    and overall."""
     ok = [s for s in samples if s.error is None]
     out_tokens = sum(s.output_tokens for s in ok)
     summary: dict[str, Any] = {
@@ -257,22 +295,13 @@ def summarize(samples: list[Sample], duration: float) -> dict[str, Any]:
         "output_token_throughput": round(out_tokens / duration, 2),
         "total_token_throughput": round((out_tokens + sum(s.prompt_tokens for s in ok)) / duration, 2),
         "buckets": {},
+        "prompt_buckets": {b: bucket_stats(g) for b, g in prompt_groups(ok).items()},
+        "tenants": {t: bucket_stats([s for s in ok if s.tenant == t])
+                    for t in sorted({s.tenant for s in ok if s.tenant is not None})},
     }
     groups = {b: [s for s in ok if s.bucket == b] for b in BUCKETS}
     groups["all"] = ok
-    for bucket, group in groups.items():
-        if not group:
-            continue
-        decode_time = sum(sum(s.itl) for s in group)
-        summary["buckets"][bucket] = {
-            "count": len(group),
-            "mean_prompt_tokens": round(sum(s.prompt_tokens for s in group) / len(group), 1),
-            "mean_output_tokens": round(sum(s.output_tokens for s in group) / len(group), 1),
-            "ttft_ms": percentiles([s.ttft for s in group if s.ttft is not None]),
-            "itl_ms": percentiles([x for s in group for x in s.itl]),
-            "e2e_ms": percentiles([s.e2e for s in group if s.e2e is not None]),
-            "decode_tokens_per_s": round(sum(len(s.itl) for s in group) / decode_time, 2) if decode_time else None,
-        }
+    summary["buckets"] = {b: bucket_stats(g) for b, g in groups.items() if g}
     return summary
 
 
@@ -283,38 +312,49 @@ def print_summary(title: str, summary: dict[str, Any]) -> None:
     header = f"{'bucket':<20}{'n':>4}{'in':>7}{'out':>6}" + "".join(
         f"{m + ' ' + p:>13}" for m in ("TTFT", "ITL", "E2E") for p in ("p50", "p95", "p99"))
     print(header + "   (ms)")
-    for bucket, b in summary["buckets"].items():
-        cells = [b[k][p] for k in ("ttft_ms", "itl_ms", "e2e_ms") for p in ("p50", "p95", "p99")]
-        print(f"{bucket:<20}{b['count']:>4}{b['mean_prompt_tokens']:>7.0f}{b['mean_output_tokens']:>6.0f}"
-              + "".join(f"{c if c is not None else '-':>13}" for c in cells))
+    print_rows(summary["buckets"])
+    if summary.get("prompt_buckets"):
+        print("by prompt length, tokens (the prompt_bucket label of the server's /metrics):")
+        print_rows({f"prompt {b}": stats for b, stats in summary["prompt_buckets"].items()})
+    if summary.get("tenants"):
+        print("by tenant (the OpenAI user field: the tenant label of the server's /metrics):")
+        print_rows(summary["tenants"])
     print(f"output tokens counted by: {', '.join(summary['output_tokens_counted_by']) or '-'}; "
           f"ITL per {', '.join(summary['itl_per']) or '-'}")
     for error in summary["errors"]:
         print("  error:", error)
 
 
-def plot_cdf(samples: list[Sample], path: Path, title: str) -> Path | None:
-    """TTFT, ITL and E2E latency CDFs per bucket, as a PNG (None without matplotlib)."""
-    try:
-        import matplotlib
+def print_rows(buckets: dict[str, dict[str, Any]]) -> None:
+    for bucket, b in buckets.items():
+        cells = [b[k][p] for k in ("ttft_ms", "itl_ms", "e2e_ms") for p in ("p50", "p95", "p99")]
+        print(f"{bucket:<20}{b['count']:>4}{b['mean_prompt_tokens']:>7.0f}{b['mean_output_tokens']:>6.0f}"
+              + "".join(f"{c if c is not None else '-':>13}" for c in cells))
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import NullFormatter
-    except ImportError:
-        print("matplotlib is not installed: no CDF plot")
-        return None
+
+def plot_cdf(groups: dict[str, list[Sample]], path: Path, title: str) -> Path:
+    """TTFT, ITL and E2E latency CDFs, one curve per group (bucket), as a PNG.
+
+    matplotlib is in the ``dev`` extra (``make setup`` installs it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     metrics = {"TTFT": lambda s: [s.ttft] if s.ttft is not None else [], "ITL": lambda s: s.itl,
                "E2E": lambda s: [s.e2e] if s.e2e is not None else []}
     for ax, (name, pick) in zip(axes, metrics.items(), strict=True):
-        for bucket in BUCKETS:
-            values = sorted(v * 1000 for s in samples if s.bucket == bucket and s.error is None for v in pick(s))
+        for bucket, group in groups.items():
+            values = sorted(v * 1000 for s in group if s.error is None for v in pick(s))
             if values:
                 ax.step(values, np.arange(1, len(values) + 1) / len(values), where="post", label=bucket)
         ax.set(title=f"{name} CDF", xlabel="ms", ylabel="fraction of samples")
         ax.set_xscale("log")
-        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.xaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))  # 1-2-5 labels, plain numbers
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.grid(True, alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle(title)
@@ -345,6 +385,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "it carries (off: ITL per chunk)")
     p.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
                    help="also send the same requests one at a time (the baseline)")
+    p.add_argument("--tenants", type=int, default=0,
+                   help="spread requests over N tenants (the OpenAI user field); 0: name none")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", default="bench_serving")
     p.add_argument("--timeout", type=float, default=600.0)
@@ -376,8 +418,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         result["throughput_vs_baseline"] = round(ratio, 2)
         print(f"\noutput token throughput, online vs sequential baseline: {ratio:.2f}x")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    png = plot_cdf(online, RESULTS / f"{args.name}_cdf.png", f"{model} at {args.rate} req/s")
-    result["cdf_png"] = str(png) if png else None
+    title = f"{model} at {args.rate} req/s"
+    by_workload = {b: [s for s in online if s.bucket == b] for b in BUCKETS}
+    result["cdf_png"] = [str(plot_cdf(by_workload, RESULTS / f"{args.name}_cdf.png", title + ", by workload bucket")),
+                         str(plot_cdf(prompt_groups(online), RESULTS / f"{args.name}_cdf_prompt.png",
+                                      title + ", by prompt length (tokens)"))]
     return result
 
 
@@ -386,7 +431,7 @@ def main(argv: list[str] | None = None) -> None:
     print(reproduce_line(), f"(load average {load_average()})")
     result = asyncio.run(main_async(args))
     path = save_result(args.name, result)
-    print(f"saved {path}" + (f" and {result['cdf_png']}" if result["cdf_png"] else ""))
+    print(f"saved {path} and {', '.join(result['cdf_png'])}")
 
 
 if __name__ == "__main__":

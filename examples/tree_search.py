@@ -5,6 +5,7 @@ to "Is this a good slogan?"; the best leaf wins. All 9 leaves share their ancest
 prefixes, and the branches of each level are generated together.
 
     python examples/tree_search.py
+    arbor trace examples/tree_search.py     # its trace: JSON, OTLP spans and an SVG timeline
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from frontend_dsl import assistant, gen, program, select, user  # noqa: E402
 
 
 @program
-def tree_search(s: Any, task: str, width: int = 3, max_tokens: int = 16) -> None:
+def tree_search(s: Any, task: str = "Write a one-line slogan for a small bakery.", width: int = 3,
+                max_tokens: int = 16) -> None:
     s += user(task)
     ideas = s.fork(width)
     for i, idea in enumerate(ideas):

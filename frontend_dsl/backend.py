@@ -34,18 +34,54 @@ class GenParams:
     constraint: OutputConstraint | None = None
     return_logprob: bool = False
     speculation: bool = True  # allow speculative drafts (never changes the output)
+    stop_token_ids: tuple[int, ...] = ()  # extra ids that end the generation (besides EOS)
+    stop_regex: tuple[str, ...] = ()  # end when the output matches; the match is cut
+    ignore_eos: bool = False
+    min_tokens: int = 0  # EOS and stop ids are refused before this many tokens
+    frequency_penalty: float = 0.0  # OpenAI's: minus this x count of the token in the output
+    presence_penalty: float = 0.0  # OpenAI's: minus this once the token is in the output
+    repetition_penalty: float = 1.0  # CTRL's multiplicative one over prompt and output
+    top_logprobs_num: int = 0  # with return_logprob: the k likeliest tokens at each step
+    logprob_start_len: int | None = None  # with return_logprob: prompt logprobs from here
 
     def describe(self) -> dict[str, Any]:
-        """JSON-able view for the request graph."""
+        """JSON-able view for the request graph (fields at their defaults are left out)."""
         out: dict[str, Any] = {"max_tokens": self.max_tokens, "stop": list(self.stop)}
-        for key in ("temperature", "top_p", "top_k", "min_p", "seed"):
+        for key in ("temperature", "top_p", "top_k", "min_p", "seed", "logprob_start_len"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
+        for key, default in _EXTRA_DEFAULTS.items():
+            if getattr(self, key) != default:
+                value = getattr(self, key)
+                out[key] = list(value) if isinstance(value, tuple) else value
         if self.constraint is not None:
             out["constraint"] = self.constraint.describe()
         if self.return_logprob:
             out["return_logprob"] = True
         return out
+
+    def engine_extras(self) -> dict[str, Any]:
+        """The stop / penalty / logprob settings that differ from their defaults, under
+        the names of ``runtime.SamplingParams`` (and the native API), which both
+        backends send only when set, so an older server keeps working without them."""
+        out: dict[str, Any] = {}
+        for key, default in _EXTRA_DEFAULTS.items():
+            if getattr(self, key) != default:
+                value = getattr(self, key)
+                out[_ENGINE_NAMES.get(key, key)] = value
+        if self.logprob_start_len is not None:
+            out["prompt_logprobs"] = True
+            out["logprob_start_len"] = self.logprob_start_len
+        return out
+
+
+# GenParams fields that go to the engine under (nearly) the same name, with their defaults.
+_EXTRA_DEFAULTS: dict[str, Any] = {
+    "stop_token_ids": (), "stop_regex": (), "ignore_eos": False, "min_tokens": 0,
+    "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
+    "top_logprobs_num": 0,
+}
+_ENGINE_NAMES = {"top_logprobs_num": "top_logprobs"}
 
 
 @dataclass
@@ -67,6 +103,12 @@ class GenChunk:
     # The backend's verdict on a constrained output (final chunk; the fields of
     # ``runtime.ConstraintCheck``: relaxed, valid, checked, error); None if it gives none.
     constraint_check: dict[str, Any] | None = None
+    # Speculation of this generation (final chunk; 0 from backends that report none).
+    num_draft_tokens: int = 0  # draft tokens verified (grammar-forced included)
+    num_accepted_tokens: int = 0  # of those, accepted
+    num_forced_tokens: int = 0  # draft tokens the grammar forced
+    top_logprobs: list[dict[int, float]] | None = None  # per generated token: id -> logprob
+    prompt_logprobs: list[float | None] | None = None  # per prompt token (None before start)
 
 
 class Backend(ABC):

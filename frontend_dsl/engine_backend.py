@@ -29,6 +29,7 @@ def to_sampling_params(params: GenParams) -> SamplingParams:
     for key in ("temperature", "top_p", "top_k", "min_p", "seed"):
         if getattr(params, key) is not None:
             kwargs[key] = getattr(params, key)
+    kwargs.update(params.engine_extras())
     return SamplingParams(**kwargs)
 
 
@@ -69,7 +70,11 @@ class EngineBackend(Backend):
                 raise GenerationError(f"engine request failed: {out.error}")
             check = dataclasses.asdict(out.constraint_check) if out.constraint_check is not None else None
             yield GenChunk(out.delta_text, list(out.delta_token_ids), out.text, list(out.token_ids),
-                           out.finish_reason, out.logprobs, out.num_cached_tokens, check)
+                           out.finish_reason, out.logprobs, out.num_cached_tokens, check,
+                           num_draft_tokens=out.num_draft_tokens,
+                           num_accepted_tokens=out.num_accepted_tokens,
+                           num_forced_tokens=out.num_forced_tokens,
+                           top_logprobs=out.top_logprobs, prompt_logprobs=out.prompt_logprobs)
 
     async def score(self, input_ids: list[int], start: int) -> list[float]:
         out = await self.engine.agenerate(input_ids=input_ids, sampling_params=scoring_params(start))

@@ -31,6 +31,11 @@ class ProgramDefinitionError(DSLError, ValueError):
     """The program is malformed: bad arguments to a primitive, a role opened twice..."""
 
 
+class UnsupportedFeatureError(DSLError, NotImplementedError):
+    """A feature of another front (SGLang's images, video...) that Arbor does not have;
+    the message names it."""
+
+
 class GenerationError(DSLError):
     """One node (gen, select, tool call) failed: backend error or output failing its schema."""
 

@@ -4,26 +4,33 @@ Each submitted node becomes a task that waits for its dependencies and then runs
 node whose inputs are ready is in flight at once: sibling branches reach the backend
 together and are batched there. A node whose dependency failed fails with the same
 exception; other streams carry on. All methods run on the DSL loop thread
-(``Session`` submits through ``call_soon_threadsafe``).
+(``Session`` submits through ``call_soon_threadsafe``). ``_run`` is the one place where a
+node starts (its dependencies done) and ends (result or exception set).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from frontend_dsl.backend import Backend, GenChunk
+from frontend_dsl.choices import decide
 from frontend_dsl.errors import GenerationError, ProgramCancelledError
 from frontend_dsl.graph import Node
+from frontend_dsl.healing import healing_plan
 from frontend_dsl.output_constraint import parse_output
-from frontend_dsl.primitives import Gen, Select
+from frontend_dsl.primitives import DTYPES, Gen, Select
+from frontend_dsl.ref import Ref, value_text
+from frontend_dsl.run_trace import RunRecorder
 from frontend_dsl.stream_data import StreamData
-from frontend_dsl.tokens import plan_append
 from frontend_dsl.tools import execute_call
 
-TextListener = Callable[[int, str], None]  # (stream_id, new text), called on the loop
+# (stream_id, variable being generated or None, new text, the variable is finished),
+# called on the loop for every piece of text a stream gets, in order.
+TextListener = Callable[[int, "str | None", str, bool], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +52,18 @@ class JoinPayload:
     mode: str  # "gather" | "concat"
 
 
+@dataclasses.dataclass(frozen=True)
+class SetPayload:
+    name: str
+    value: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class CapturePayload:
+    name: str
+    event: str  # "begin" | "end"
+
+
 class Executor:
     """Executes nodes of one program run against ``backend``."""
 
@@ -53,9 +72,11 @@ class Executor:
         self.streams: dict[int, StreamData] = {0: StreamData()}
         self._on_text = on_text
         self._tasks: set[asyncio.Task[None]] = set()
+        self.recorder = RunRecorder()  # node timings and costs: the run's trace (run_trace.py)
         self._handlers: dict[str, Callable[[Node], Awaitable[Any]]] = {
             "text": self._text, "gen": self._gen, "select": self._select,
             "fork": self._fork, "join": self._join, "tool_call": self._tool_call,
+            "var": self._var, "set": self._set, "capture": self._capture,
         }
 
     def submit(self, node: Node, deps: list[Node]) -> None:
@@ -74,17 +95,26 @@ class Executor:
         try:
             for dep in deps:
                 await asyncio.wrap_future(dep.done)
+            self.recorder.start(node)
             result = await self._handlers[node.kind](node)
         except asyncio.CancelledError:
-            node.done.set_exception(ProgramCancelledError(f"node {node.id} cancelled"))
+            self._finish(node, exc=ProgramCancelledError(f"node {node.id} cancelled"))
         except Exception as exc:  # noqa: BLE001 - recorded on the node, surfaced to readers
+            self._finish(node, exc=exc)
+        else:
+            self._finish(node, result=result)
+
+    def _finish(self, node: Node, result: Any = None, exc: BaseException | None = None) -> None:
+        if node.id in self.recorder.records:  # it started
+            self.recorder.end(node, exc)
+        if exc is not None:
             node.done.set_exception(exc)
         else:
             node.done.set_result(result)
 
-    def _emit(self, stream_id: int, text: str) -> None:
-        if self._on_text is not None and text:
-            self._on_text(stream_id, text)
+    def _emit(self, stream_id: int, text: str, var: str | None = None, final: bool = False) -> None:
+        if self._on_text is not None and (text or final):
+            self._on_text(stream_id, var, text, final)
 
     # ---- handlers: one per node kind; each returns the node's value ----
 
@@ -103,62 +133,91 @@ class Executor:
         spec: Gen = node.payload
         data = self.streams[node.stream_id]
         prompt_len = len(data.ids)
-        final = await self._generate(node.stream_id, data, spec)
+        final, text = await self._generate(node.stream_id, data, spec)
+        meta = _gen_meta(final, prompt_len)
+        self.recorder.generated(node, meta)
         cut_at = spec.params.max_tokens if final.finish_reason == "length" else None
-        value = parse_output(final.text, spec.params.constraint, cut_at, final.constraint_check)
-        data.set_variable(spec.name, value, _gen_meta(final, prompt_len))
+        value = parse_output(text, spec.params.constraint, cut_at, final.constraint_check)
+        if spec.dtype is not None:
+            value = DTYPES[spec.dtype][1](text)
+        elif spec.as_text:
+            value = text
+        data.set_variable(spec.name, value, meta)
+        self._emit(node.stream_id, "", spec.name, final=True)
         return value
 
-    async def _generate(self, stream_id: int, data: StreamData, spec: Gen) -> GenChunk:
+    async def _generate(self, stream_id: int, data: StreamData, spec: Gen) -> tuple[GenChunk, str]:
+        """Run one generation; append it to ``data``. Returns the final chunk and the text
+        the generation added (the chunk's text less a healed token's own text)."""
+        heal = healing_plan(data, spec, self.backend) if spec.token_healing else None
+        ids, params, skip = (list(data.ids), spec.params, 0) if heal is None else heal
         final: GenChunk | None = None
-        async for chunk in self.backend.generate(list(data.ids), spec.params):
-            self._emit(stream_id, chunk.delta_text)
+        num_chars = 0
+        async for chunk in self.backend.generate(ids, params):
+            # NOTE: a healed generation first re-produces the healed token's text, which
+            # the listener has seen already: emit only what lies beyond its ``skip`` chars.
+            self._emit(stream_id, chunk.delta_text[max(0, skip - num_chars):], spec.name)
+            num_chars += len(chunk.delta_text)
             final = chunk
         if final is None or final.finish_reason is None:
             raise GenerationError("the backend ended a generation without a final output")
-        data.append_generated(final.text, final.token_ids, self.backend)
-        return final
+        if heal is None:
+            data.append_generated(final.text, final.token_ids, self.backend)
+            return final, final.text
+        if not final.text.startswith(data.text[len(data.text) - skip:]):
+            raise GenerationError(f"token healing: the output {final.text!r:.80} does not re-produce "
+                                  f"the healed text {data.text[len(data.text) - skip:]!r}")
+        data.replace_last_token(final.text, final.token_ids, self.backend)
+        return final, final.text[skip:]
 
     async def _tool_call(self, node: Node) -> Any:
         spec: Gen = node.payload
         data = self.streams[node.stream_id]
         prompt_len = len(data.ids)
-        final = await self._generate(node.stream_id, data, spec)
-        call = await execute_call(final.text, spec.tools)
+        final, text = await self._generate(node.stream_id, data, spec)
+        meta = _gen_meta(final, prompt_len)
+        self.recorder.generated(node, meta)
+        started = time.perf_counter()
+        call = await execute_call(text, spec.tools)
+        self.recorder.tool_called(node, call.name, started, time.perf_counter(), call.error)
         observation = spec.tool_result_prefix + call.observation()
         data.append_text(observation, self.backend)
         self._emit(node.stream_id, observation)
-        data.set_variable(spec.name, call, _gen_meta(final, prompt_len))
+        data.set_variable(spec.name, call, meta)
+        self._emit(node.stream_id, "", spec.name, final=True)
         return call
 
     async def _select(self, node: Node) -> str:
         spec: Select = node.payload
         data = self.streams[node.stream_id]
-        scores, logprobs = await self._score_choices(data.ids, spec)
-        best = max(range(len(spec.choices)), key=lambda i: (scores[i], -i))
+        best, meta = await decide(self.backend, data.ids, spec)
         choice = spec.choices[best]
         data.append_text(choice, self.backend)
-        self._emit(node.stream_id, choice)
-        meta = {"scores": dict(zip(spec.choices, scores, strict=True)),
-                "token_logprobs": dict(zip(spec.choices, logprobs, strict=True))}
+        self._emit(node.stream_id, choice, spec.name, final=True)
         data.set_variable(spec.name, choice, meta)
         return choice
 
-    async def _score_choices(
-        self, ids: list[int], spec: Select
-    ) -> tuple[list[float], list[list[float]]]:
-        """Score every choice over the same span: from the earliest position any choice
-        re-tokenizes (see ``tokens.py``), so a choice that merges with the state's last
-        token is compared fairly with one that does not. Position 0 has no logprob."""
-        plans = [plan_append(ids, c, self.backend) for c in spec.choices]
-        start = max(1, min(keep for keep, _ in plans))
-        full = [ids[:keep] + new for keep, new in plans]
-        logprobs = list(await asyncio.gather(*(self.backend.score(f, start) for f in full)))
-        if spec.method == "normalized":
-            scores = [sum(lp) / max(1, len(lp)) for lp in logprobs]
-        else:
-            scores = [float(sum(lp)) for lp in logprobs]
-        return scores, logprobs
+    async def _var(self, node: Node) -> None:
+        ref: Ref = node.payload
+        value = ref.source.done.result()  # done: the source is a dependency
+        text = value_text(value if ref.key is None else value[ref.key])
+        self.streams[node.stream_id].append_text(text, self.backend)
+        self._emit(node.stream_id, text)
+
+    async def _set(self, node: Node) -> Any:
+        payload: SetPayload = node.payload
+        self.streams[node.stream_id].set_variable(payload.name, payload.value, {"set": True})
+        return payload.value
+
+    async def _capture(self, node: Node) -> str | None:
+        payload: CapturePayload = node.payload
+        data = self.streams[node.stream_id]
+        if payload.event == "begin":
+            data.capture_starts[payload.name] = len(data.text)
+            return None
+        text = data.text[data.capture_starts.pop(payload.name):]
+        data.set_variable(payload.name, text, {"captured": True})
+        return text
 
     async def _fork(self, node: Node) -> None:
         payload: ForkPayload = node.payload
@@ -194,6 +253,14 @@ def _fail_if_pending(node: Node) -> None:
 
 def _gen_meta(final: GenChunk, prompt_len: int) -> dict[str, Any]:
     """``prompt_len``: the state's token count when the generation was sent."""
-    return {"finish_reason": final.finish_reason, "num_output_tokens": len(final.token_ids),
+    meta: dict[str, Any] = {"finish_reason": final.finish_reason, "num_output_tokens": len(final.token_ids),
+            "output_ids": list(final.token_ids),
             "num_cached_tokens": final.num_cached_tokens, "logprobs": final.logprobs,
-            "prompt_len": prompt_len, "constraint_check": final.constraint_check}
+            "prompt_len": prompt_len, "constraint_check": final.constraint_check,
+            "num_draft_tokens": final.num_draft_tokens, "num_accepted_tokens": final.num_accepted_tokens,
+            "num_forced_tokens": final.num_forced_tokens}
+    if final.top_logprobs is not None:
+        meta["top_logprobs"] = final.top_logprobs
+    if final.prompt_logprobs is not None:
+        meta["prompt_logprobs"] = final.prompt_logprobs
+    return meta

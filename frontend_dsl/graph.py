@@ -9,10 +9,12 @@ node continues the text its predecessor left. Forks and joins connect streams:
     branch 2:                  \-> text -> gen ------/
 
 Independent chains (the branches) have no edges between them, so the executor runs them
-at the same time and the backend batches them.
+at the same time and the backend batches them. A generated value that flows into a later
+prompt is a ``var`` node with an edge from the node that made it (possibly in another
+stream): the graph goes on past such reads.
 
-``complete`` is False when tracing stopped at a read of a generated value (``stop``
-says which); the graph holds the operations before that read.
+``complete`` is False when tracing stopped at a use of a generated value in control flow
+(``stop`` says which); the graph holds the operations before that use.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-NodeKind = Literal["text", "gen", "select", "fork", "join", "tool_call"]
+# text: constant text; var: the text of a variable's value (an edge from the node that
+# defines it); set: ``s[name] = value``; capture: begin/end of a ``var_scope``.
+NodeKind = Literal["text", "gen", "select", "fork", "join", "tool_call", "var", "set", "capture"]
 
 
 @dataclass(eq=False)
@@ -109,4 +113,10 @@ def _label(node: Node) -> str:
         return f"{node.kind} {attrs.get('name')}"
     if node.kind == "fork":
         return f"fork x{attrs['n']}"
+    if node.kind == "var":
+        return f"text of {attrs['name']}"
+    if node.kind == "set":
+        return f"set {attrs['name']}"
+    if node.kind == "capture":
+        return f"capture {attrs['name']} {attrs['event']}"
     return f"join ({attrs['mode']})"

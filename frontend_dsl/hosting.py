@@ -101,7 +101,8 @@ class ProgramHost:
                        post: Callable[[_Finished], None]) -> None:
         try:
             state = self._run(backend, **arguments)
-            post(_Finished(ProgramOutcome(jsonable(state.variables()), state.text()), None))
+            trace = state.run_trace().to_json()
+            post(_Finished(ProgramOutcome(jsonable(state.variables()), state.text(), trace), None))
         except BaseException as exc:  # noqa: BLE001 - re-raised on the server's loop
             post(_Finished(None, exc))
 
@@ -115,7 +116,8 @@ class _Finished:
 
     def outcome(self) -> ProgramOutcome:
         if isinstance(self.error, ProgramError):
-            raise ProgramRunFailedError(str(self.error)) from self.error
+            trace = self.error.state.run_trace().to_json() if isinstance(self.error.state, ProgramState) else None
+            raise ProgramRunFailedError(str(self.error), trace) from self.error
         if self.error is not None:
             raise self.error
         assert self.result is not None

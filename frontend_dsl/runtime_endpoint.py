@@ -11,7 +11,10 @@ from collections.abc import AsyncIterator, Sequence
 from functools import cached_property
 from typing import Any
 
+import pydantic
+
 from frontend_dsl.backend import Backend, GenChunk, GenParams
+from frontend_dsl.errors import GenerationError
 from runtime.server.client import ArborClient
 from runtime.server.protocol import ConstraintSpec, NativeSamplingParams
 
@@ -23,10 +26,15 @@ def wire_params(params: GenParams) -> NativeSamplingParams:
     for key in ("temperature", "top_p", "top_k", "min_p", "seed"):
         if getattr(params, key) is not None:
             fields[key] = getattr(params, key)
+    fields.update({k: list(v) if isinstance(v, tuple) else v for k, v in params.engine_extras().items()})
     if (c := params.constraint) is not None:
         fields["constraint"] = ConstraintSpec(**{c.kind: c.json_value()}, strict=c.strict,
                                               json_bounds=c.json_bounds)
-    return NativeSamplingParams(**fields)
+    try:
+        return NativeSamplingParams(**fields)
+    except pydantic.ValidationError as exc:
+        # NOTE: an older server's protocol lacks some fields (the penalties...); say which.
+        raise GenerationError(f"the server's native API refuses these sampling settings: {exc}") from exc
 
 
 class RuntimeEndpoint(Backend):
@@ -57,9 +65,12 @@ class RuntimeEndpoint(Backend):
         async for c in self.client.generate_stream(input_ids, wire_params(params)):
             meta = c.meta
             check = meta.constraint_check.model_dump() if meta and meta.constraint_check else None
+            top = [{int(k): v for k, v in step.items()} for step in meta.top_logprobs] \
+                if meta and meta.top_logprobs is not None else None
             yield GenChunk(c.delta_text, c.delta_token_ids, c.text or "", c.output_ids or [],
                            c.finish_reason, meta.logprobs if meta else None,
-                           meta.cached_tokens if meta else 0, check)
+                           meta.cached_tokens if meta else 0, check, top_logprobs=top,
+                           prompt_logprobs=meta.prompt_logprobs if meta else None)
 
     async def score(self, input_ids: list[int], start: int) -> list[float]:
         return await self.client.score(input_ids, start)

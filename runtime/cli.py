@@ -1,5 +1,5 @@
 """The ``arbor`` command: ``arbor generate "prompt"``, ``arbor serve`` (``--dp N``: N
-workers behind a router) and ``arbor router --workers URL ...``.
+workers behind a router), ``arbor router --workers URL ...`` and ``arbor trace FILE``.
 
 Every ``EngineConfig`` field is a flag (``max_model_len`` ↔ ``--max-model-len``).
 """
@@ -80,6 +80,31 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return serve(args, engine_kwargs(args))
 
 
+def _cmd_trace(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from runtime import Engine
+    from runtime.trace_command import parse_arguments, pick_program, trace_program
+
+    program = pick_program(args.file, args.program)
+    arguments = parse_arguments(program, args.args)
+    engine = Engine(**engine_kwargs(args))
+    try:
+        files, trace, error = trace_program(engine, program, arguments, Path(args.out))
+    finally:
+        engine.close()
+    t = trace["totals"]
+    print(f"{program.name}: {trace['status']} in {1000 * trace['duration_s']:.0f} ms; {t['generations']} "
+          f"generations, {t['prompt_tokens']} prompt tokens ({t['cached_tokens']} cached), "
+          f"{t['output_tokens']} generated; {len(trace['streams']) - 1} branches")
+    for path in files:
+        print(f"wrote {path}")
+    if error is not None:
+        print(f"arbor: the run failed: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="arbor", description="Arbor LLM-program runtime")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -101,6 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_flags(srv)
     srv.set_defaults(func=_cmd_serve, serve_parser=srv)
     add_router_command(sub)
+    tr = sub.add_parser("trace", help="run a @program of a file once; write its trace (JSON, OTLP) and timeline (SVG)")
+    tr.add_argument("file", help="Python file with @program functions (as for serve --programs)")
+    tr.add_argument("--program", default=None, help="which program (default: the file's only one)")
+    tr.add_argument("--args", default="{}", help="the program's arguments as a JSON object")
+    tr.add_argument("--out", default="benchmarks/results/traces", help="directory for the output files")
+    add_engine_flags(tr)
+    tr.set_defaults(func=_cmd_trace)
     return parser
 
 

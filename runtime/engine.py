@@ -136,9 +136,6 @@ class Engine:
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError(f"sampling params must be SamplingParams, got {type(params).__name__}")
-        # TODO(issue 17): the sampler and output processor implement these; until then, refuse.
-        if params.penalized or params.min_tokens or params.stop_regex:
-            raise InvalidRequestError("penalties, min_tokens and stop_regex are not implemented yet")
         ids = self._prompt_ids(prompt, input_ids)
         if len(ids) >= self.max_model_len:
             raise PromptTooLongError(

@@ -44,6 +44,10 @@ class RequestOutput:
     top_logprobs: list[dict[int, float]] | None = None  # per generated token, when requested
     prompt_logprobs: list[float | None] | None = None  # per prompt token; first is None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # Speculation so far (counts of this request; see runtime.speculative.SpecStats):
+    num_draft_tokens: int = 0  # draft tokens sent for verification (grammar-forced included)
+    num_accepted_tokens: int = 0  # of those, accepted
+    num_forced_tokens: int = 0  # draft tokens the grammar forced
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
     error: str | None = None  # set when the request failed (e.g. grammar compile error)

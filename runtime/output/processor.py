@@ -7,10 +7,12 @@ the only writer of a request's ``output_ids`` and ``finish_reason``. In the engi
 - before the pass, ``propose_drafts`` proposes speculative drafts (the scheduler decides
   which to keep);
 - after it, ``sample`` turns logits into new tokens: verify items accept drafts exactly
-  (``runtime.speculative.verify``), the others sample under their grammar masks. Nothing
+  (``runtime.speculative.verify``), the others sample under their grammar masks, their
+  penalties and ``min_tokens`` (``runtime.sampling.penalties``; the token counts the
+  penalties need are kept here, updated as tokens are appended). Nothing
   reaches a request yet, so the scheduler can commit the KV first;
-- ``emit`` appends each token (stop ids, stop strings, grammar end, length) and sends an
-  incremental ``RequestOutput`` to the request's callback;
+- ``emit`` appends each token (stop ids, stop strings, stop regexes, grammar end, length)
+  and sends an incremental ``RequestOutput`` to the request's callback;
 - ``finish`` ends a request for any reason: ``release`` (given by the engine) takes it
   out of the scheduler, then the final output goes out, with a constrained output's
   ``constraint_check`` (``CheckedGrammar.check``). A request is finished once.
@@ -33,6 +35,7 @@ from runtime.output.detokenizer import IncrementalDetokenizer
 from runtime.output.state import NewTokens, OutputCallback, StepTokens, TopLogprobs, TrackedRequest
 from runtime.outputs import ConstraintCheck, FinishReason, RequestOutput
 from runtime.request import Request
+from runtime.sampling.penalties import TokenHistory, apply_penalties, suppress_stop_ids
 from runtime.sampling.sampler import sample
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.batch import ScheduledBatch
@@ -76,13 +79,14 @@ class OutputProcessor:
             InvalidRequestError: a request with the same id is in flight.
         """
         params = request.params
-        detok = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
+        detok = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens, params.stop_regex)
+        history = TokenHistory(request.prompt_ids) if params.penalized else None
         with self._lock:
             if request.request_id in self._tracked:
                 raise InvalidRequestError(f"duplicate request id {request.request_id!r}")
             seed = params.seed if params.seed is not None else int(
                 torch.randint(0, 2**63 - 1, (), generator=self._generator))
-            self._tracked[request.request_id] = TrackedRequest(request, detok, callback, seed)
+            self._tracked[request.request_id] = TrackedRequest(request, detok, callback, seed, history=history)
 
     def attach_matcher(self, request_id: str, matcher: GrammarMatcher) -> None:
         """Constrain a tracked request (before it is scheduled)."""
@@ -140,9 +144,8 @@ class OutputProcessor:
     def _verify(self, req: Request, drafts: list[int], rows: torch.Tensor) -> NewTokens:
         """Accept drafts exactly (see runtime.speculative.verify)."""
         t = self._tracked[req.request_id]
-        stop_ids = set(req.params.stop_token_ids) | set(self.eos_token_ids)
         tokens, accepted = verify_drafts(rows, drafts, req.params, t.matcher, t.seed,
-                                         len(req.output_ids), stop_ids)
+                                         len(req.output_ids), self._stop_ids(t), t.history)
         self._count_spec(t, len(drafts), accepted, from_lookup=t.drafts_from_lookup)
         logprobs, top = self._logprobs_of(req.params, rows[: len(tokens)], tokens)
         return NewTokens(req, tokens, logprobs, top, verified=True)
@@ -153,6 +156,7 @@ class OutputProcessor:
         tracked = [self._tracked[rid] for rid in result.sample_ids]
         reqs = [t.request for t in tracked]
         dead = set(mask_logits(result.logits, [t.matcher for t in tracked]))
+        self._adjust_logits(result.logits, tracked)
         out = sample(result.logits, [r.params for r in reqs], [t.seed for t in tracked],
                      [len(r.output_ids) for r in reqs])
         new = []
@@ -163,6 +167,20 @@ class OutputProcessor:
             ends = i in dead or req.params.max_new_tokens == 0
             new.append(NewTokens(req, [] if ends else [out.token_ids[i]], chosen, top, verified=False))
         return new
+
+    def _adjust_logits(self, logits: torch.Tensor, tracked: list[TrackedRequest]) -> None:
+        """Penalties and ``min_tokens`` on the sampled rows, in place."""
+        if any(t.history is not None for t in tracked):
+            apply_penalties(logits, [t.request.params for t in tracked], [t.history for t in tracked])
+        short = [i for i, t in enumerate(tracked) if len(t.request.output_ids) < t.request.params.min_tokens]
+        if short:
+            suppress_stop_ids(logits, short, [sorted(self._stop_ids(tracked[i])) for i in short])
+
+    def _stop_ids(self, t: TrackedRequest) -> set[int]:
+        """The ids that end this request when sampled."""
+        params = t.request.params
+        ignore_eos = params.ignore_eos and t.matcher is None  # a grammar decides where EOS goes
+        return set(params.stop_token_ids) | (set() if ignore_eos else set(self.eos_token_ids))
 
     def _count_spec(self, t: TrackedRequest, drafted: int, accepted: int, from_lookup: bool) -> None:
         for stats in (t.spec, self.spec):
@@ -230,13 +248,14 @@ class OutputProcessor:
         if t.matcher is not None and (problem := t.matcher.error()):
             self.finish(req, "abort", error=f"grammar error: {problem}")
             return
-        ignore_eos = params.ignore_eos and t.matcher is None  # a grammar decides where EOS goes
-        if token in params.stop_token_ids or (token in self.eos_token_ids and not ignore_eos):
+        if token in self._stop_ids(t):
             del t.logprobs[len(req.output_ids):], t.top_logprobs[len(req.output_ids):]
             self.finish(req, "stop")
             return
         req.output_ids.append(token)
-        t.detok.add(req.output_ids)
+        if t.history is not None:
+            t.history.add(token)
+        t.detok.add(req.output_ids, check_stop=len(req.output_ids) >= params.min_tokens)
         if t.detok.stopped or (last and t.matcher is not None and t.matcher.is_terminated()):
             self.finish(req, "stop")
         elif len(req.output_ids) >= params.max_new_tokens or req.seq_len >= self.max_model_len:
@@ -283,6 +302,9 @@ class OutputProcessor:
             top_logprobs=list(t.top_logprobs) if req.params.top_logprobs else None,
             prompt_logprobs=(t.prompt_logprobs or [None] * len(req.prompt_ids)) if req.params.prompt_logprobs else None,
             num_cached_tokens=req.num_cached_tokens,
+            num_draft_tokens=t.spec.draft_tokens,
+            num_accepted_tokens=t.spec.accepted_tokens,
+            num_forced_tokens=t.spec.forced_tokens,
             delta_text=delta,
             delta_token_ids=req.output_ids[t.emitted_tokens :],
             error=error,

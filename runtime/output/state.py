@@ -10,6 +10,7 @@ from runtime.constrained import CheckedGrammar, GrammarMatcher
 from runtime.output.detokenizer import IncrementalDetokenizer
 from runtime.outputs import RequestOutput
 from runtime.request import Request
+from runtime.sampling.penalties import TokenHistory
 from runtime.speculative import SpecStats
 
 OutputCallback = Callable[[RequestOutput], None]
@@ -33,6 +34,7 @@ class TrackedRequest:
     spec: SpecStats = field(default_factory=SpecStats)
     drafts_from_lookup: bool = False  # this step's drafts came from prompt lookup
     prompt_text: str | None = None  # decoded once, for text-level prompt lookup
+    history: TokenHistory | None = None  # token counts, for a request with penalties
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 The app only translates between wire schemas (``protocol.py``) and engine requests; the
 engine's own background thread runs every step. Middleware, outermost first: body size
-limit (413), API key (401, all routes but ``/health``).
+limit (413), API key (401, all routes but ``/health``; ``/ui`` also by cookie), tenant
+(``tenant.py``: who the request is for, for the latency labels).
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 
 from runtime.engine import Engine
-from runtime.server import native_api, openai_api, programs_api
-from runtime.server.auth import ApiKeyMiddleware
+from runtime.server import native_api, openai_api, programs_api, ui
+from runtime.server.auth import UI_COOKIE, ApiKeyMiddleware, ui_token
 from runtime.server.errors import install_error_handlers
 from runtime.server.hosting import HostedProgram
 from runtime.server.limits import AdmissionGate, BodyLimitMiddleware, ServerLimits
 from runtime.server.metrics import ServerMetrics
 from runtime.server.serving import ServerContext
+from runtime.server.tenant import TenantMiddleware
 
 
 def create_app(
@@ -59,6 +61,8 @@ def create_app(
     app.include_router(native_api.build_router(ctx))
     app.include_router(openai_api.build_router(ctx))
     app.include_router(programs_api.build_router(ctx))
+    app.include_router(programs_api.build_router(ctx), prefix="/ui/api")  # the page's form (cookie auth)
+    app.include_router(ui.build_router(ctx, api_key, UI_COOKIE, ui_token(api_key) if api_key else None))
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -68,8 +72,9 @@ def create_app(
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    app.add_middleware(TenantMiddleware)
     if api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key, login_page=ui.LOGIN_PAGE)
     app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes)
     return app
 

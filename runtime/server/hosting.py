@@ -48,6 +48,7 @@ class ProgramOutcome:
 
     variables: dict[str, Any]  # by name, as JSON-able values (objects, lists, str, numbers...)
     text: str  # the final text of the program's root state
+    trace: dict[str, Any] | None = None  # the run's trace (``arbor.run_trace/1``), if recorded
 
 
 RunEvent = GenerationDone | ProgramOutcome
@@ -71,7 +72,12 @@ class InvalidArgumentsError(ValueError):
 
 
 class ProgramRunFailedError(Exception):
-    """A program raised, or one of its generations failed (the message says which)."""
+    """A program raised, or one of its generations failed (the message says which).
+    ``trace``: the failed run's trace (``arbor.run_trace/1``), if recorded."""
+
+    def __init__(self, message: str, trace: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.trace = trace
 
 
 @runtime_checkable

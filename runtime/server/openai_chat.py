@@ -17,7 +17,7 @@ from fastapi import Request
 from runtime.errors import InvalidRequestError
 from runtime.outputs import RequestOutput
 from runtime.server import engine_constraints
-from runtime.server.openai_common import Endpoint, Job, response_constraint, token_text, usage
+from runtime.server.openai_common import Endpoint, Job, output_constraint, token_text, usage
 from runtime.server.protocol import (
     ChatChoice,
     ChatChunkChoice,
@@ -56,14 +56,16 @@ class ChatEndpoint(Endpoint):
         choice = body.tool_choice or ("auto" if tools else "none")
         self.tools = tools if choice != "none" else []
         self.forced = self._forced_tools(choice)  # tools the output must call, or None
-        if self.forced is not None and body.response_format is not None and body.response_format.type != "text":
-            raise InvalidRequestError("response_format cannot be combined with a forced tool call")
+        constraint = output_constraint(body, body.response_format)
+        if self.forced is not None and constraint is not None:
+            raise InvalidRequestError("an output constraint (response_format, regex, guided_*) "
+                                      "cannot be combined with a forced tool call")
         if body.top_logprobs and not body.logprobs:
             raise InvalidRequestError("top_logprobs needs logprobs=true")
         constraint = (engine_constraints.json_schema(tool_call_schema(self.forced),
                                                      strict=any(t.function.strict for t in self.forced),
                                                      json_bounds=body.json_bounds) if self.forced
-                      else response_constraint(body.response_format, body.json_bounds))
+                      else constraint)
         text = render_chat(ctx.engine, body.messages, self.tools, body.add_generation_prompt)
         self.prompt_ids = encode_prompt(ctx.engine, text)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens

@@ -9,6 +9,7 @@ from typing import Any
 
 from fastapi import Request
 
+import grammars
 from runtime.errors import InvalidRequestError
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
@@ -51,10 +52,14 @@ class Endpoint:
             max_tokens = max(1, min(limits.default_max_tokens, engine.max_model_len - prompt_len))
         check_budget(engine, limits, prompt_len, max_tokens)
         stop = (b.stop,) if isinstance(b.stop, str) else tuple(b.stop or ())
+        stop_regex = (b.stop_regex,) if isinstance(b.stop_regex, str) else tuple(b.stop_regex or ())
         return SamplingParams(
             max_new_tokens=max_tokens, temperature=b.temperature, top_p=b.top_p, top_k=b.top_k,
             min_p=b.min_p, seed=None if b.seed is None else b.seed + index, stop=stop,
             stop_token_ids=tuple(b.stop_token_ids or ()), ignore_eos=b.ignore_eos,
+            stop_regex=stop_regex, min_tokens=b.min_tokens,
+            frequency_penalty=b.frequency_penalty, presence_penalty=b.presence_penalty,
+            repetition_penalty=b.repetition_penalty,
             logprobs=logprobs, top_logprobs=top_logprobs, constraint=constraint)
 
     def group(self, jobs: list[Job]) -> StreamGroup:
@@ -98,8 +103,6 @@ class Endpoint:
 
 
 def _refuse_unsupported(b: SamplingExtras) -> None:
-    if b.presence_penalty or b.frequency_penalty:
-        raise InvalidRequestError("presence_penalty and frequency_penalty are not supported")
     if b.logit_bias:
         raise InvalidRequestError("logit_bias is not supported")
 
@@ -147,6 +150,21 @@ def usage(prompt_lens: list[int], finals: list[RequestOutput]) -> Usage:
     cached = sum(max(o.num_cached_tokens for o in finals[i * n:(i + 1) * n]) for i in range(len(prompt_lens)))
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
                  prompt_tokens_details={"cached_tokens": cached})
+
+
+def output_constraint(b: SamplingExtras, fmt: ResponseFormat | None) -> Any:
+    """The constraint of a request: its ``response_format`` or one of the extensions
+    ``regex`` (SGLang), ``guided_regex`` / ``guided_choice`` (vLLM); at most one."""
+    given = [name for name, v in (("response_format", fmt is not None and fmt.type != "text"),
+                                  ("regex", b.regex is not None), ("guided_regex", b.guided_regex is not None),
+                                  ("guided_choice", b.guided_choice is not None)) if v]
+    if len(given) > 1:
+        raise InvalidRequestError(f"give at most one output constraint; got {', '.join(given)}")
+    if (pattern := b.regex if b.regex is not None else b.guided_regex) is not None:
+        return grammars.RegexConstraint(pattern)
+    if b.guided_choice is not None:
+        return grammars.ChoiceConstraint(tuple(b.guided_choice))
+    return response_constraint(fmt, b.json_bounds)
 
 
 def response_constraint(fmt: ResponseFormat | None, json_bounds: bool = True) -> Any:

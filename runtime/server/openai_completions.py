@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from itertools import accumulate
 from typing import Any
 
 from fastapi import Request
@@ -9,7 +11,7 @@ from fastapi import Request
 from runtime.errors import InvalidRequestError
 from runtime.outputs import RequestOutput
 from runtime.server.engine_constraints import check_info
-from runtime.server.openai_common import Endpoint, Job, response_constraint, token_text, usage
+from runtime.server.openai_common import Endpoint, Job, output_constraint, token_text, usage
 from runtime.server.protocol import (
     CompletionChoice,
     CompletionLogprobs,
@@ -26,14 +28,17 @@ class CompletionEndpoint(Endpoint):
     def __init__(self, ctx: ServerContext, body: CompletionRequest) -> None:
         super().__init__(ctx, body)
         self.req = body
-        if body.echo or (body.best_of or 1) > 1 or body.suffix:
-            raise InvalidRequestError("echo, best_of and suffix are not supported")
+        if (body.best_of or 1) > 1 or body.suffix:
+            raise InvalidRequestError("best_of and suffix are not supported")
+        if body.echo and body.stream:
+            raise InvalidRequestError("echo is not supported with stream")
         self.prompts = self._prompt_ids(body.prompt)
-        constraint = response_constraint(body.response_format, body.json_bounds)
+        constraint = output_constraint(body, body.response_format)
         k = body.logprobs or 0
         self.jobs: list[Job] = [
-            (ids, self.params(len(ids), i * body.n + j, body.max_tokens, constraint,
-                              body.logprobs is not None, k))
+            (ids, replace(self.params(len(ids), i * body.n + j, body.max_tokens, constraint,
+                                      body.logprobs is not None, k),
+                          prompt_logprobs=body.echo and body.logprobs is not None))
             for i, ids in enumerate(self.prompts) for j in range(body.n)]
 
     def _prompt_ids(self, prompt: Any) -> list[list[int]]:
@@ -50,8 +55,8 @@ class CompletionEndpoint(Endpoint):
         if self.req.stream:
             return await self.stream(self.jobs)
         finals = await self.finals(request, self.jobs)
-        choices = [CompletionChoice(index=i, text=o.text, finish_reason=o.finish_reason,
-                                    logprobs=self._logprobs(o.token_ids, o),
+        choices = [CompletionChoice(index=i, text=self._echo(o) + o.text, finish_reason=o.finish_reason,
+                                    logprobs=self._with_prompt(o, self._logprobs(o.token_ids, o)),
                                     constraint_check=check_info(o.constraint_check))
                    for i, o in enumerate(finals)]
         return CompletionResponse(id=self.id, model=self.model, choices=choices,
@@ -69,21 +74,42 @@ class CompletionEndpoint(Endpoint):
                                    usage=usage([len(p) for p in self.prompts], finals))
         return chunk.model_dump(exclude_none=True)
 
+    def _echo(self, out: RequestOutput) -> str:
+        return self.ctx.engine.tokenizer.decode(out.prompt_token_ids) if self.req.echo else ""  # type: ignore[no-any-return]
+
+    def _with_prompt(self, out: RequestOutput, lps: CompletionLogprobs | None) -> CompletionLogprobs | None:
+        """With ``echo``: the prompt tokens' logprobs (the first has none) before the output's."""
+        if not self.req.echo or lps is None:
+            return lps
+        ids = out.prompt_token_ids
+        chosen = list(out.prompt_logprobs or [None] * len(ids))
+        tokens = [self._token(t) for t in ids]
+        offsets = list(accumulate((len(t) for t in tokens[:-1]), initial=0)) if tokens else []
+        shift = len(self._echo(out))
+        top = None if lps.top_logprobs is None else (
+            [None if lp is None else {tok: lp} for tok, lp in zip(tokens, chosen, strict=True)] + lps.top_logprobs)
+        return CompletionLogprobs(tokens=tokens + lps.tokens, token_logprobs=chosen + lps.token_logprobs,
+                                  top_logprobs=top, text_offset=offsets + [o + shift for o in lps.text_offset])
+
+    def _token(self, token_id: int) -> str:
+        if self.req.return_tokens_as_token_ids:
+            return f"token_id:{token_id}"
+        return token_text(self.ctx.engine.tokenizer, token_id)
+
     def _logprobs(self, token_ids: list[int], out: RequestOutput) -> CompletionLogprobs | None:
         """Legacy logprobs of ``token_ids`` (the last tokens of ``out``)."""
         if self.req.logprobs is None or out.logprobs is None:
             return None
-        tok = self.ctx.engine.tokenizer
         n = len(token_ids)
         lps = out.logprobs[len(out.token_ids) - n:] if n else []
-        tokens = [token_text(tok, t) for t in token_ids]
+        tokens = [self._token(t) for t in token_ids]
         offsets, pos = [], len(out.text) - len(out.delta_text) if n != len(out.token_ids) else 0
         for t in tokens:
             offsets.append(pos)
             pos += len(t)
-        top = None
+        top: list[dict[str, float] | None] | None = None
         if self.req.logprobs and out.top_logprobs is not None:
             steps = out.top_logprobs[len(out.token_ids) - n:] if n else []
-            top = [{token_text(tok, i): lp for i, lp in step.items()} for step in steps]
-        return CompletionLogprobs(tokens=tokens, token_logprobs=list(lps), top_logprobs=top,
+            top = [{self._token(i): lp for i, lp in step.items()} for step in steps]
+        return CompletionLogprobs(tokens=tokens, token_logprobs=list[float | None](lps), top_logprobs=top,
                                   text_offset=offsets)

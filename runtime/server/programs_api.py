@@ -25,6 +25,9 @@ import pydantic
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 
+from runtime.engine import Engine
+from runtime.outputs import RequestOutput
+from runtime.sampling_params import SamplingParams
 from runtime.server.errors import ProgramNotFoundError, stream_error_event
 from runtime.server.hosting import (
     GenerationDone,
@@ -33,9 +36,11 @@ from runtime.server.hosting import (
     ProgramOutcome,
     ProgramRunFailedError,
 )
+from runtime.server.metrics import NO_PROMPT, ServerMetrics, TokenTimer, prompt_bucket
 from runtime.server.protocol import ProgramInfo, ProgramResult, ProgramsResponse, Strict
 from runtime.server.serving import Admission, RequestTimeoutError, ServerContext, until_disconnect
 from runtime.server.sse import SSE_DONE, EventStreamResponse, sse
+from runtime.server.tenant import current_tenant
 
 GenerationListener = Callable[[GenerationDone], None]
 
@@ -44,6 +49,7 @@ class ProgramRunRequest(Strict):
     arguments: dict[str, Any] = pydantic.Field(default_factory=dict)
     stream: bool = False
     timeout: float | None = pydantic.Field(default=None, gt=0)
+    trace: bool = False  # include the run's trace in the result
 
 
 def build_router(ctx: ServerContext) -> APIRouter:
@@ -66,7 +72,7 @@ def build_router(ctx: ServerContext) -> APIRouter:
         args = _validate(program, body.arguments)
         timeout = ctx.limits.program_timeout_s if body.timeout is None else min(
             body.timeout, ctx.limits.program_timeout_s or body.timeout)
-        run = _Run(ctx, program, args, timeout)
+        run = _Run(ctx, program, args, timeout, body.trace)
         if body.stream:
             return await _stream_run(run)
         async with Admission(ctx):
@@ -89,33 +95,74 @@ class _Run:
     gone, deadline passed) closes the program's event stream, which aborts the run."""
 
     def __init__(self, ctx: ServerContext, program: HostedProgram, args: dict[str, Any],
-                 timeout: float | None) -> None:
+                 timeout: float | None, include_trace: bool = False) -> None:
         self.ctx = ctx
         self.program = program
         self.args = args
         self.timeout = timeout
+        self.include_trace = include_trace
         self.on_generation: GenerationListener | None = None
+        self.run_id = ctx.metrics.runs.new_id()
+        self.labels = ctx.metrics.labels("program", None, current_tenant.get())
 
     async def result(self) -> ProgramResult:
         started = time.monotonic()
         try:
             outcome = await asyncio.wait_for(self._outcome(), self.timeout)
         except TimeoutError:
-            raise RequestTimeoutError(
-                f"program {self.program.name} timed out after {self.timeout} s") from None
+            message = f"program {self.program.name} timed out after {self.timeout} s"
+            self._record(started, "timeout", message)
+            raise RequestTimeoutError(message) from None
+        except ProgramRunFailedError as exc:
+            self._record(started, "failed", str(exc), exc.trace)
+            raise
+        except asyncio.CancelledError:
+            self._record(started, "cancelled", "the client left or the run was cancelled")
+            raise
+        self._record(started, "ok", None, outcome.trace)
         self.ctx.metrics.requests.labels("program", "200").inc()
-        self.ctx.metrics.e2e.labels("program").observe(time.monotonic() - started)
+        self.ctx.metrics.e2e.labels(*self.labels).observe(time.monotonic() - started)
         return ProgramResult(program=self.program.name, variables=outcome.variables,
-                             text=outcome.text, latency=time.monotonic() - started)
+                             text=outcome.text, latency=time.monotonic() - started, run_id=self.run_id,
+                             trace=outcome.trace if self.include_trace else None)
+
+    def _record(self, started: float, status: str, error: str | None,
+                trace: dict[str, Any] | None = None) -> None:
+        self.ctx.metrics.runs.add(self.run_id, self.program.name, self.args, started, status, error, trace)
 
     async def _outcome(self) -> ProgramOutcome:
-        async with contextlib.aclosing(self.program.run_hosted(self.ctx.engine, self.args)) as events:
+        engine = TimedEngine(self.ctx.engine, self.ctx.metrics, self.labels[2])
+        async with contextlib.aclosing(self.program.run_hosted(engine, self.args)) as events:  # type: ignore[arg-type]
             async for event in events:
                 if isinstance(event, ProgramOutcome):
                     return event
                 if self.on_generation is not None:
                     self.on_generation(event)
         raise ProgramRunFailedError(f"program {self.program.name} ended without a result")
+
+
+class TimedEngine:
+    """The engine as a hosted program gets it: each of the run's engine requests is timed
+    like an HTTP one (TTFT, ITL, end to end; endpoint ``program_gen``, the request's prompt
+    bucket, the run's tenant label). Everything else is the engine's own."""
+
+    def __init__(self, engine: Engine, metrics: ServerMetrics, tenant_label: str) -> None:
+        self._engine = engine
+        self._metrics = metrics
+        self._tenant_label = tenant_label
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def generate_stream(self, prompt: str | None = None, sampling_params: SamplingParams | None = None, *,
+                              input_ids: list[int] | None = None,
+                              request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        bucket = prompt_bucket(len(input_ids)) if input_ids is not None else NO_PROMPT
+        timer = TokenTimer(self._metrics, ("program_gen", bucket, self._tenant_label))
+        async for out in self._engine.generate_stream(prompt, sampling_params, input_ids=input_ids,
+                                                      request_id=request_id):
+            timer.observe(len(out.delta_token_ids), out.finished)
+            yield out
 
 
 async def _stream_run(run: _Run) -> EventStreamResponse:

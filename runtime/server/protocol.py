@@ -27,8 +27,7 @@ class Lenient(BaseModel):
     fall under this rule: ``user`` (an end-user id for the provider's abuse monitoring),
     ``parallel_tool_calls`` (an answer holds at most one tool call, which both values
     allow), ``store``, ``metadata``, ``service_tier``. Fields that would change the output
-    and are not supported are declared and refused with a 400 (``presence_penalty``,
-    ``logit_bias``, ``echo``...).
+    and are not supported are declared and refused with a 400 (``logit_bias``, ``echo``...).
     """
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
@@ -73,7 +72,12 @@ class NativeSamplingParams(Strict):
     seed: int | None = None
     stop: str | list[str] = Field(default_factory=list)
     stop_token_ids: list[int] = Field(default_factory=list)
+    stop_regex: str | list[str] = Field(default_factory=list)
     ignore_eos: bool = False
+    min_tokens: int = 0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     logprobs: bool = False
     top_logprobs: int = 0
     prompt_logprobs: bool = False
@@ -103,8 +107,9 @@ class ConstraintCheckInfo(BaseModel):
     """Arbor's own field, on the final output of a constrained request
     (``runtime.ConstraintCheck``): was the output measured against the whole constraint?"""
 
-    relaxed: str | None  # what the grammar did not enforce (the keywords); null: exact grammar
-    valid: bool | None  # satisfies the whole constraint; null: cut by the length cap
+    # NOTE: defaults, because a streamed chunk is sent with exclude_none (a None is absent).
+    relaxed: str | None = None  # what the grammar did not enforce (the keywords); null: exact grammar
+    valid: bool | None = None  # satisfies the whole constraint; null: cut by the length cap
     checked: bool  # parsed and checked (jsonschema...); false: valid by construction
     error: str | None = None  # why not, when valid is false
 
@@ -191,6 +196,8 @@ class ProgramResult(BaseModel):
     variables: dict[str, Any]
     text: str
     latency: float
+    run_id: str | None = None  # the run's entry in /ui/api/runs
+    trace: dict[str, Any] | None = None  # the run's trace (format arbor.run_trace/1), when asked for
 
 
 # ---- OpenAI-compatible -------------------------------------------------------------------
@@ -215,11 +222,17 @@ class SamplingExtras(Lenient):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
-    # extensions
+    # extensions (vLLM / SGLang names)
     top_k: int = 0
     min_p: float = 0.0
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
+    stop_regex: str | list[str] | None = None
+    min_tokens: int = 0
+    repetition_penalty: float = 1.0
+    regex: str | None = None  # SGLang: the output matches this regular expression
+    guided_regex: str | None = None  # vLLM's name for the same
+    guided_choice: list[str] | None = Field(default=None, min_length=1)  # vLLM: one of these strings
     timeout: float | None = Field(default=None, gt=0)
     json_bounds: bool = True  # false: no bounds on number literals in JSON outputs
 
@@ -246,7 +259,8 @@ class CompletionRequest(SamplingExtras):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(default=16, ge=0)
     logprobs: int | None = Field(default=None, ge=0, le=20)
-    echo: bool = False
+    echo: bool = False  # the prompt before the completion (with its logprobs when asked)
+    return_tokens_as_token_ids: bool = False  # vLLM: logprobs tokens as "token_id:<id>"
     best_of: int | None = None
     suffix: str | None = None
     response_format: ResponseFormat | None = None  # extension (as in vLLM)
@@ -318,7 +332,7 @@ class Usage(BaseModel):
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
     token_logprobs: list[float | None]
-    top_logprobs: list[dict[str, float]] | None
+    top_logprobs: list[dict[str, float] | None] | None  # None: the first echoed prompt token
     text_offset: list[int]
 
 

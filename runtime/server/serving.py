@@ -26,7 +26,8 @@ from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
 from runtime.server.hosting import HostedProgram
 from runtime.server.limits import AdmissionGate, ServerLimits
-from runtime.server.metrics import ServerMetrics
+from runtime.server.metrics import ServerMetrics, TokenTimer
+from runtime.server.tenant import current_tenant
 
 T = TypeVar("T")
 
@@ -147,6 +148,7 @@ class EngineStream:
         self.input_ids = input_ids
         self.params = params
         self.request_id = new_id("arbor")
+        self.timer = TokenTimer(ctx.metrics, ctx.metrics.labels(endpoint, len(input_ids), current_tenant.get()))
         self.started = time.monotonic()
         self.deadline = None if timeout_s is None else self.started + timeout_s
         self.queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
@@ -195,21 +197,10 @@ class EngineStream:
                 f"request timed out after {self.deadline - self.started:.1f} s") from None
 
     def _observe(self, out: RequestOutput) -> None:
-        now = time.monotonic()
-        m = self.ctx.metrics
-        num_new = len(out.delta_token_ids)
-        if num_new:
-            m.generation_tokens.inc(num_new)
-            if self.last_token_at is None:
-                self.ctx.gate.num_waiting -= 1
-                m.ttft.labels(self.endpoint).observe(now - self.started)
-                num_new -= 1  # the first token is TTFT, not ITL
-                self.last_token_at = now
-            for _ in range(num_new):
-                m.itl.labels(self.endpoint).observe((now - self.last_token_at) / num_new)
-            self.last_token_at = now
-        if out.finished:
-            m.e2e.labels(self.endpoint).observe(now - self.started)
+        if out.delta_token_ids and self.last_token_at is None:
+            self.ctx.gate.num_waiting -= 1
+            self.last_token_at = time.monotonic()
+        self.timer.observe(len(out.delta_token_ids), out.finished)
 
 
 async def until_disconnect(request: HttpRequest, work: Awaitable[T]) -> T:

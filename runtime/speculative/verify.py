@@ -9,6 +9,10 @@ point, the token at each position is chosen exactly as plain decoding chooses it
 request's seed and the output position when sampling), and ``d_{i+1}`` is accepted iff
 it is that token. The first mismatch is replaced by the chosen token.
 
+Penalties and ``min_tokens`` depend on the tokens before a position, drafts included:
+row ``i`` is adjusted as if ``d1..di`` (all accepted, or the walk would have stopped)
+were already in the output, so verification stays exact for penalized requests too.
+
 So the output is token for token what decoding without drafts gives, greedy or sampled,
 and a point-mass draft accepted this way keeps the sampling distribution exactly (the
 accepted token is the one the sampler would have drawn). If every draft is accepted,
@@ -21,6 +25,7 @@ import torch
 
 from runtime.constrained.masking import mask_logits
 from runtime.constrained.matcher import GrammarMatcher
+from runtime.sampling.penalties import TokenHistory, apply_penalties, suppress_stop_ids
 from runtime.sampling.sampler import sample
 from runtime.sampling_params import SamplingParams
 
@@ -32,7 +37,8 @@ def verify_drafts(
     matcher: GrammarMatcher | None,
     seed: int,
     position: int,  # output position of the token row 0 chooses
-    stop_ids: set[int],
+    stop_ids: set[int],  # the ids that end the request (masked before min_tokens)
+    history: TokenHistory | None = None,  # the request's token counts, when penalized
 ) -> tuple[list[int], int]:
     """Returns (tokens to append, number of drafts accepted).
 
@@ -44,6 +50,10 @@ def verify_drafts(
         row = logits[i : i + 1]
         if matcher is not None and mask_logits(row, [matcher]):
             return out, i  # dead end: no token allowed; the caller finishes the request
+        if history is not None:
+            apply_penalties(row, [params], [history], pending=[out])
+        if position + i < params.min_tokens:
+            suppress_stop_ids(row, [0], [sorted(stop_ids)])
         token = sample(row, [params], [seed], [position + i]).token_ids[0]
         draft = drafts[i] if i < len(drafts) else None
         out.append(token)

@@ -77,3 +77,16 @@ def engine(request: pytest.FixtureRequest) -> Any:
     """Each engine-level test runs on the default model and on the tiny random model (the
     default-model runs are slow: the quick run, ``-m "not slow"``, keeps the tiny ones)."""
     return request.getfixturevalue(f"{request.param}_engine")
+
+
+@pytest.fixture(scope="session")
+def endpoint(tiny_engine: Any) -> Iterator[Any]:
+    """A ``RuntimeEndpoint`` on a live HTTP server (uvicorn on 127.0.0.1) over the tiny engine."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime" / "server"))
+    from server_helpers import LiveServer
+
+    from frontend_dsl.runtime_endpoint import RuntimeEndpoint
+    from runtime.server import create_app
+
+    with LiveServer(create_app(tiny_engine)) as live:
+        yield RuntimeEndpoint(live.url)

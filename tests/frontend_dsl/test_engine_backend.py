@@ -304,3 +304,34 @@ def test_json_cut_by_max_tokens_says_so_on_the_engine(tiny_engine: Any) -> None:
 
     with pytest.raises(ProgramError, match=r"cut at max_tokens=3 before the JSON value was complete"):
         extract.run(tiny_engine)
+
+
+def test_token_healing_on_the_engine(engine: Any) -> None:
+    # The prompt ends with " http:" — healing backs up the ":" token and the engine,
+    # constrained to start with ":", regenerates it together with what follows.
+    @program
+    def p(s: Any, heal: bool) -> None:
+        s += "Visit our website at http:" + gen("url", max_tokens=6, temperature=0, token_healing=heal)
+
+    healed, plain = p.run(engine, heal=True), p.run(engine, heal=False)
+    backend = as_backend(engine)
+    for state in (healed, plain):
+        assert backend.decode(state.token_ids()) == state.text()
+        assert state.text() == "Visit our website at http:" + state["url"]
+    prompt_ids = backend.encode("Visit our website at http:")
+    assert healed.token_ids()[: len(prompt_ids) - 1] == prompt_ids[:-1]
+    # the healed output's first token re-produces ":" (alone or merged with what follows)
+    first = healed.token_ids()[len(prompt_ids) - 1]
+    assert backend.decode([first]).startswith(":")
+
+
+@pytest.mark.slow
+def test_token_healing_lets_the_default_model_finish_the_url(default_engine: Any) -> None:
+    @program
+    def p(s: Any, heal: bool) -> None:
+        s += "Visit our website at http:" + gen("url", max_tokens=8, temperature=0, token_healing=heal)
+
+    # measured: healed ' //www.facebook.com/Brid' vs plain 'gmail_api_2.g' (the ":" token
+    # alone is a rare prefix for a URL; healed, the model writes "://" as it would itself)
+    assert p.run(default_engine, heal=True)["url"].startswith("//")
+    assert not p.run(default_engine, heal=False)["url"].startswith("//")

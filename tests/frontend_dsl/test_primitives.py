@@ -168,15 +168,23 @@ def test_bad_primitive_arguments_fail_early() -> None:
 
 
 @pytest.mark.parametrize("setting", [
-    {"max_tokens": 4}, {"stop": "."}, {"temperature": 0.7}, {"top_p": 0.9}, {"top_k": 5},
-    {"min_p": 0.1}, {"seed": 1}, {"return_logprob": True}, {"speculation": False},
-    {"tool_result_prefix": "\nResult: "},
+    {"max_tokens": 4}, {"stop": "."}, {"top_p": 0.9}, {"top_k": 5},
+    {"min_p": 0.1}, {"return_logprob": True}, {"speculation": False},
+    {"tool_result_prefix": "\nResult: "}, {"n": 2}, {"min_tokens": 1},
+    {"frequency_penalty": 0.5}, {"stop_regex": "x"}, {"ignore_eos": True},
+    {"token_healing": True},
 ])
 def test_gen_choices_refuses_the_sampling_arguments_it_would_ignore(setting: dict[str, Any]) -> None:
     [name] = setting
     with pytest.raises(ProgramDefinitionError, match=f"choices= makes this a select.*: {name} would do nothing"):
         gen("c", choices=["red", "green"], **setting)
     assert gen("c", choices=["red", "green"]) == select("c", ["red", "green"])
+
+
+def test_gen_choices_passes_temperature_seed_and_method_to_the_select() -> None:
+    # temperature and seed sample the choice (SGLang's gen(choices=..., temperature=...))
+    assert gen("c", choices=["a", "b"], temperature=0.5, seed=3, choices_method="greedy") == \
+        select("c", ["a", "b"], "greedy_token_selection", temperature=0.5, seed=3)
 
 
 def test_tool_result_prefix_needs_tools() -> None:

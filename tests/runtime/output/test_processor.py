@@ -158,3 +158,56 @@ def test_a_failing_callback_does_not_stop_the_others() -> None:
     proc.register(b, rec.outputs.append)
     proc.emit(proc.sample(ScheduledBatch.build(), ForwardOutput(["a", "b"], _logits(7, 8), {}, {})))
     assert a.output_ids == [7] and b.output_ids == [8] and rec.outputs[-1].token_ids == [8]
+
+
+def _row(**scores: float) -> torch.Tensor:
+    """One logits row: token id (as ``t<id>``) -> score, 0 elsewhere."""
+    row = torch.zeros(1, VOCAB)
+    for name, v in scores.items():
+        row[0, int(name[1:])] = v
+    return row
+
+
+def test_min_tokens_masks_eos_and_stop_ids_until_reached() -> None:
+    proc, rec, req = _setup(max_new_tokens=8, min_tokens=2, stop_token_ids=[9])
+    for _ in range(2):  # EOS, then the stop id 9, are the favourites: both masked
+        proc.emit(proc.sample(ScheduledBatch.build(), ForwardOutput(["r"], _row(t2=10, t9=9, t7=5), {}, {})))
+    assert req.output_ids == [7, 7] and req.finish_reason is None
+    proc.emit(proc.sample(ScheduledBatch.build(), ForwardOutput(["r"], _row(t2=10, t7=5), {}, {})))
+    assert (req.output_ids, req.finish_reason) == ([7, 7], "stop")
+
+
+def test_frequency_penalty_changes_the_greedy_choice() -> None:
+    proc, rec, req = _setup(max_new_tokens=8, frequency_penalty=0.6)
+    for _ in range(4):  # 7 leads 8 by 1: 7 twice (count 2 costs 1.2), then 8, then 7 again
+        proc.emit(proc.sample(ScheduledBatch.build(), ForwardOutput(["r"], _row(t7=10, t8=9), {}, {})))
+    assert req.output_ids == [7, 7, 8, 7]
+
+
+def test_verify_penalizes_each_row_as_if_earlier_drafts_were_appended() -> None:
+    proc, rec, req = _setup(max_new_tokens=8, frequency_penalty=1.0)
+    proc.emit(proc.sample(ScheduledBatch.build(), _sampled("r", 4)))
+    rows = torch.cat([_row(t7=10, t8=9.5)] * 3)
+    step = proc.sample(ScheduledBatch.build(verify=[VerifyItem(req, (7, 7))]), ForwardOutput([], torch.zeros(0, VOCAB), {}, {"r": rows}))
+    # Row 0 picks 7 (= draft 1); row 1 sees that 7, so 8 wins and draft 2 is rejected.
+    assert step.num_verified == {"r": 2}
+    proc.emit(step)
+    assert req.output_ids == [4, 7, 8]
+
+
+def test_verify_masks_eos_before_min_tokens() -> None:
+    proc, rec, req = _setup(max_new_tokens=8, min_tokens=3)
+    proc.emit(proc.sample(ScheduledBatch.build(), _sampled("r", 4)))
+    rows = torch.cat([_row(t2=10, t7=5)] * 3)
+    proc.emit(proc.sample(ScheduledBatch.build(verify=[VerifyItem(req, (7, 7))]), ForwardOutput([], torch.zeros(0, VOCAB), {}, {"r": rows})))
+    assert (req.output_ids, req.finish_reason) == ([4, 7, 7], "stop")  # EOS at position 3
+
+
+def test_stop_regex_cuts_the_match_and_never_shows_it() -> None:
+    proc, rec, req = _setup(max_new_tokens=20, stop_regex=[r"h+i"])
+    for token in (0, 7, 1, 7, 7, 8, 3):  # a h b h h i d: "h" and "hh" are partial matches
+        if req.finish_reason is None:
+            proc.emit(proc.sample(ScheduledBatch.build(), _sampled("r", token)))
+    assert req.finish_reason == "stop" and rec.outputs[-1].text == "ahb"
+    assert "".join(o.delta_text for o in rec.outputs) == "ahb"
+    assert [o.delta_text for o in rec.outputs[:3]] == ["a", "", "hb"]  # "h" held back until "b"

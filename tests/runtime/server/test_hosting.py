@@ -212,7 +212,11 @@ def test_a_program_run_hosted_matches_a_local_run(idle_engine: Any, programs: di
     gens = [e for e in events if isinstance(e, GenerationDone)]
     assert [g.text for g in gens] == [local["first"], local["second"]]  # the select is no gen
     assert all(g.finish_reason in ("stop", "length") and 0 < g.num_completion_tokens <= 4 for g in gens)
-    assert events[2:] == [ProgramOutcome(local.variables(), local.text())]
+    outcome = events[2]
+    assert len(events) == 3 and isinstance(outcome, ProgramOutcome)
+    assert (outcome.variables, outcome.text) == (local.variables(), local.text())
+    assert outcome.trace is not None and [n["name"] for n in outcome.trace["nodes"] if n["kind"] == "gen"] == [
+        "first", "second"]
 
 
 def test_a_failing_program_raises_the_hosts_error(idle_engine: Any) -> None:

@@ -14,7 +14,7 @@ def test_metrics_report_latencies_engine_state_and_errors(http: Any) -> None:
                                                                           "temperature": 0}}).status_code == 200
     assert http.post("/generate", json={"text": "Hi", "sampling_params": {"temperature": -1}}).status_code == 400
     got = samples(http.get("/metrics").text)
-    gen = (("endpoint", "generate"),)
+    gen = (("endpoint", "generate"), ("prompt_bucket", "0-128"), ("tenant", "none"))
     assert got[("arbor_time_to_first_token_seconds_count", gen)] >= 1
     assert got[("arbor_inter_token_latency_seconds_count", gen)] >= 2
     assert got[("arbor_e2e_request_latency_seconds_count", gen)] >= 1

@@ -117,3 +117,14 @@ def test_logprob_start_len_reaches_the_engine(client: ArborClient, engine: Any) 
     lps = out.meta.prompt_logprobs
     assert lps is not None and all(lp is None for lp in lps[:3])
     assert all(lp is not None for lp in lps[3:])
+
+
+def test_native_penalties_min_tokens_and_stop_regex(http: Any, engine: Any) -> None:
+    sp = {"max_new_tokens": 8, "temperature": 0, "frequency_penalty": 1.0, "repetition_penalty": 1.2,
+          "min_tokens": 3, "stop_regex": ["[0-9]"]}
+    r = http.post("/generate", json={"text": "Count: 1 2 3", "sampling_params": sp})
+    assert r.status_code == 200, r.text
+    want = engine.generate("Count: 1 2 3", SamplingParams(**sp))[0]
+    assert (r.json()["text"], r.json()["output_ids"]) == (want.text, want.token_ids)
+    bad = http.post("/generate", json={"text": "x", "sampling_params": {"presence_penalty": 3}})
+    assert bad.status_code == 400 and "presence_penalty must be in [-2, 2]" in bad.text

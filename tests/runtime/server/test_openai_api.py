@@ -152,9 +152,55 @@ def test_tool_call_parsing_and_schema() -> None:
     assert schema["required"] == ["name", "arguments"]
 
 
+def test_penalties_and_vllm_extensions_reach_the_engine(client: openai.OpenAI, engine: Any) -> None:
+    """presence/frequency_penalty (OpenAI) and the extra-body fields vLLM and SGLang
+    accept: repetition_penalty, min_tokens, stop_token_ids, ignore_eos, stop_regex."""
+    extra: dict[str, Any] = {"repetition_penalty": 1.3, "min_tokens": 4, "ignore_eos": True}
+    got = client.completions.create(model="m", prompt=PROMPT, max_tokens=10, temperature=0,
+                                    frequency_penalty=1.2, presence_penalty=0.4, extra_body=extra)
+    want = engine_text(engine, PROMPT, 10, frequency_penalty=1.2, presence_penalty=0.4, **extra)
+    assert got.choices[0].text == want.text
+    assert want.token_ids != engine_text(engine, PROMPT, 10, ignore_eos=True).token_ids  # penalties acted
+    stop_id = want.token_ids[2]
+    chat = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=8, temperature=0,
+                                          presence_penalty=1.0, extra_body={"stop_token_ids": [stop_id]})
+    want_chat = engine_text(engine, engine.apply_chat_template(MESSAGES), 8, presence_penalty=1.0,
+                            stop_token_ids=[stop_id])
+    assert chat.choices[0].message.content == want_chat.text
+    cut = client.completions.create(model="m", prompt=PROMPT, max_tokens=10, temperature=0, extra_body={
+        "stop_regex": "[A-Za-z]{3}", "ignore_eos": True})
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].text == engine_text(engine, PROMPT, 10, stop_regex=["[A-Za-z]{3}"], ignore_eos=True).text
+
+
+def test_echo_scores_the_prompt_like_the_native_api(client: openai.OpenAI, engine: Any) -> None:
+    """echo + logprobs + max_tokens=0: the legacy way to score text (what OpenAIBackend's
+    select uses), equal to the engine's prompt logprobs."""
+    ids = engine.tokenizer(PROMPT)["input_ids"]
+    got = client.completions.create(model="m", prompt=ids, max_tokens=0, echo=True, logprobs=0,
+                                    extra_body={"return_tokens_as_token_ids": True})
+    lp = got.choices[0].logprobs
+    assert got.choices[0].text == engine.tokenizer.decode(ids)
+    assert lp is not None and lp.tokens == [f"token_id:{t}" for t in ids]
+    want = engine.generate(input_ids=ids, sampling_params=SamplingParams(max_new_tokens=0, prompt_logprobs=True))[0]
+    assert lp.token_logprobs == want.prompt_logprobs and lp.token_logprobs[0] is None
+    more = client.completions.create(model="m", prompt=PROMPT, max_tokens=3, temperature=0, echo=True, logprobs=1)
+    assert more.choices[0].text == PROMPT + engine_text(engine, PROMPT, 3).text
+    assert more.choices[0].logprobs is not None and len(more.choices[0].logprobs.tokens or []) == len(ids) + 3
+
+
+def test_regex_and_choice_extensions(client: openai.OpenAI) -> None:
+    got = client.completions.create(model="m", prompt=PROMPT, max_tokens=8, temperature=0,
+                                    extra_body={"regex": "[0-9]{3}"})
+    assert got.choices[0].text.isdigit() and len(got.choices[0].text) == 3
+    got = client.completions.create(model="m", prompt=PROMPT, max_tokens=8, temperature=0,
+                                    extra_body={"guided_choice": ["Paris", "Lyon"]})
+    assert got.choices[0].text in {"Paris", "Lyon"}
+
+
 def test_unsupported_options_are_refused(client: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError, match="presence_penalty"):
-        client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=2, presence_penalty=0.5)
+    with pytest.raises(openai.BadRequestError, match="logit_bias"):
+        client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=2, logit_bias={"5": 1.0})
     with pytest.raises(openai.BadRequestError, match="not in tools"):
         client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=2, tools=[WEATHER_TOOL],
                                        tool_choice={"type": "function", "function": {"name": "nope"}})

@@ -15,14 +15,19 @@ COMPLETION: dict[str, Any] = {"model": "m", "prompt": "hi", "max_tokens": 2}
 
 
 @pytest.mark.parametrize(("body", "message"), [
-    ({**CHAT, "presence_penalty": 0.5}, "presence_penalty and frequency_penalty are not supported"),
-    ({**CHAT, "frequency_penalty": 0.5}, "presence_penalty and frequency_penalty are not supported"),
     ({**CHAT, "logit_bias": {"42": 5.0}}, "logit_bias is not supported"),
-    ({**COMPLETION, "presence_penalty": 0.5}, "presence_penalty and frequency_penalty are not supported"),
+    ({**CHAT, "presence_penalty": 2.5}, "invalid sampling parameter: presence_penalty must be in [-2, 2], got 2.5"),
+    ({**COMPLETION, "repetition_penalty": 0}, "invalid sampling parameter: repetition_penalty must be > 0 (1 = off), got 0.0"),
+    ({**COMPLETION, "min_tokens": 5}, "invalid sampling parameter: min_tokens (5) must not exceed max_new_tokens (2)"),
+    ({**COMPLETION, "stop_regex": "("}, "invalid sampling parameter: stop_regex '(' is not a valid regular expression: "
+                                        "missing ), unterminated subpattern at position 0"),
+    ({**COMPLETION, "regex": "a+", "guided_choice": ["a"]}, "give at most one output constraint; got regex, guided_choice"),
+    ({**CHAT, "guided_regex": "a+", "response_format": {"type": "json_object"}},
+     "give at most one output constraint; got response_format, guided_regex"),
     ({**COMPLETION, "logit_bias": {"42": 5.0}}, "logit_bias is not supported"),
-    ({**COMPLETION, "echo": True}, "echo, best_of and suffix are not supported"),
-    ({**COMPLETION, "best_of": 2}, "echo, best_of and suffix are not supported"),
-    ({**COMPLETION, "suffix": "end"}, "echo, best_of and suffix are not supported"),
+    ({**COMPLETION, "echo": True, "stream": True}, "echo is not supported with stream"),
+    ({**COMPLETION, "best_of": 2}, "best_of and suffix are not supported"),
+    ({**COMPLETION, "suffix": "end"}, "best_of and suffix are not supported"),
     ({**CHAT, "top_logprobs": 2}, "top_logprobs needs logprobs=true"),
     ({**CHAT, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "only text content parts are supported"),

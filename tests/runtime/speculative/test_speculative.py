@@ -188,3 +188,29 @@ def test_lookup_gets_out_of_the_way_at_large_batches() -> None:
     # At 16 requests an unknown request is not worth a try (50%); a proven one is.
     assert not pays(fresh, sixteen) and pays(good, sixteen)
     assert pays(fresh, eight) and not pays(poor, eight)  # one round is tried at 1/3
+
+
+@pytest.mark.parametrize(("temperature", "penalties"), [
+    (0.0, {"frequency_penalty": -1.0, "presence_penalty": 0.5}),
+    (1.0, {"frequency_penalty": -1.0, "presence_penalty": 0.5}),
+    (0.0, {"repetition_penalty": 1.3}),
+])
+def test_speculation_never_changes_penalized_tokens(tiny16_dir: Path, temperature: float,
+                                                   penalties: dict[str, float]) -> None:
+    """Row i of a verify pass is penalized as if the drafts before it were appended, so
+    drafts are accepted exactly when plain decoding picks them. (Penalties that favour
+    repeats, so that drafts are accepted here; the processor's tests show the row-by-row
+    adjustment with a draft rejected because of an earlier one.)"""
+    prompt = [3, 4, 5, 6] * 4  # repetitive, so prompt lookup proposes drafts
+    params = [SamplingParams(max_new_tokens=24, temperature=temperature, seed=s, ignore_eos=True, **penalties)
+              for s in range(8)]
+    tokens = {}
+    for spec in (False, True):
+        eng = Engine(model=str(tiny16_dir), page_size=4, num_pages=1024, speculation=spec)
+        try:
+            tokens[spec] = [o.token_ids for o in eng.generate(input_ids=[prompt] * 8, sampling_params=params)]
+            if spec:
+                assert eng.metrics()["spec_draft_tokens"] > 0 and eng.metrics()["spec_accepted_tokens"] > 0
+        finally:
+            eng.close()
+    assert tokens[False] == tokens[True]
