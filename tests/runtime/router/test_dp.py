@@ -145,7 +145,7 @@ def test_killing_a_worker_under_load(dp: dict[str, Any]) -> None:
 
     def one(i: int) -> tuple[str, float]:
         started = time.monotonic()
-        params = {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}
+        params = {"max_new_tokens": 400, "temperature": 0, "ignore_eos": True}  # in flight at the kill
         if i % 2:
             with httpx.stream("POST", f"{url}/generate", timeout=60,
                               json={"text": f"{SYSTEM} stream {i}", "stream": True, "sampling_params": params}) as s:
@@ -166,7 +166,9 @@ def test_killing_a_worker_under_load(dp: dict[str, Any]) -> None:
         except httpx.HTTPError as exc:  # the router dropped the connection: a bug
             return f"transport error {exc!r}", 0.0
 
-    victim = dp["workers"][0]
+    # The victim: the worker that holds SYSTEM, where the streams (keyed by it) will go.
+    victim = generate(url, SYSTEM + " where?").headers["x-arbor-worker"]
+    v, survivor = dp["workers"].index(victim), dp["workers"][1 - dp["workers"].index(victim)]
     with ThreadPoolExecutor(16) as pool:
         futures = [pool.submit(guarded, i) for i in range(16)]
         time.sleep(1.0)
@@ -175,14 +177,17 @@ def test_killing_a_worker_under_load(dp: dict[str, Any]) -> None:
     assert all(kind in ("ok", "error") for kind, _ in outcomes), outcomes
     assert all(took < 60 for _, took in outcomes)
     assert sum(kind == "ok" for kind, _ in outcomes) >= 8  # the survivor's share, and the retried
+    assert sum(kind == "error" for kind, _ in outcomes) >= 1  # the victim's streams were cut
+    health = httpx.get(f"{url}/health", timeout=5).json()
+    assert not health["workers"][v]["healthy"], health  # taken out by the failed requests
     for i in range(4):  # the router keeps serving on the survivor
         resp = generate(url, f"after {i}")
-        assert resp.status_code == 200 and resp.headers["x-arbor-worker"] == dp["workers"][1]
+        assert resp.status_code == 200 and resp.headers["x-arbor-worker"] == survivor
     deadline = time.monotonic() + 120  # `--dp` starts the dead worker again; it comes back
-    while not httpx.get(f"{url}/health", timeout=5).json()["workers"][0]["healthy"]:
+    while not httpx.get(f"{url}/health", timeout=5).json()["workers"][v]["healthy"]:
         assert time.monotonic() < deadline, "the restarted worker never came back"
         time.sleep(0.5)
-    assert generate(dp["workers"][0], "direct").status_code == 200
+    assert generate(victim, "direct").status_code == 200
 
 
 def _outcome(status: int, body: dict[str, Any]) -> str:
