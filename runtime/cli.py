@@ -1,5 +1,6 @@
-"""The ``arbor`` command: ``arbor generate "prompt"``, ``arbor serve``, ``arbor trace FILE``
-and ``arbor eval`` (the quality replay, ``runtime/eval/command.py``).
+"""The ``arbor`` command: ``arbor generate "prompt"``, ``arbor serve`` (``--dp N``: N
+workers behind a router), ``arbor router --workers URL ...``, ``arbor trace FILE`` and
+``arbor eval`` (the quality replay, ``runtime/eval/command.py``).
 
 Every ``EngineConfig`` field is a flag (``max_model_len`` ↔ ``--max-model-len``).
 """
@@ -16,6 +17,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 from runtime.config import EngineConfig
 from runtime.errors import ArborError
 from runtime.eval.command import add_eval_parser
+from runtime.router.launch import add_router_command, add_router_flags
 from runtime.server.launch import add_server_flags
 
 
@@ -26,16 +28,19 @@ def _flag_type(hint: Any) -> Any:
     return hint if hint in (int, float, str) else str
 
 
+_ALIASES = {"tensor_parallel_size": ("--tp",)}  # SGLang's short names
+
+
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per ``EngineConfig`` field, defaulting to the dataclass's default."""
     hints = get_type_hints(EngineConfig)
     group = parser.add_argument_group("engine settings")
     for f in dataclasses.fields(EngineConfig):
-        flag = "--" + f.name.replace("_", "-")
+        flags = ["--" + f.name.replace("_", "-"), *_ALIASES.get(f.name, ())]
         if hints[f.name] is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+            group.add_argument(*flags, action=argparse.BooleanOptionalAction, default=f.default)
         else:
-            group.add_argument(flag, type=_flag_type(hints[f.name]), default=f.default)
+            group.add_argument(*flags, type=_flag_type(hints[f.name]), default=f.default)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -64,6 +69,14 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    if args.node_rank > 0:  # a node that only runs tensor-parallel ranks
+        from runtime.tensor_parallel import run_node
+
+        return run_node(EngineConfig.from_kwargs(**engine_kwargs(args)))
+    if args.dp != 1:
+        from runtime.router.launch import serve_dp
+
+        return serve_dp(args)
     from runtime.server.launch import serve  # NOTE: the web stack loads only to serve
 
     return serve(args, engine_kwargs(args))
@@ -109,8 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=_cmd_generate)
     srv = sub.add_parser("serve", help="serve the engine over HTTP (native, OpenAI, programs)")
     add_server_flags(srv)
+    srv.add_argument("--dp", type=int, default=1,
+                     help="data parallelism: N engine worker processes behind a cache-aware router")
+    add_router_flags(srv)
     add_engine_flags(srv)
-    srv.set_defaults(func=_cmd_serve)
+    srv.set_defaults(func=_cmd_serve, serve_parser=srv)
+    add_router_command(sub)
     tr = sub.add_parser("trace", help="run a @program of a file once; write its trace (JSON, OTLP) and timeline (SVG)")
     tr.add_argument("file", help="Python file with @program functions (as for serve --programs)")
     tr.add_argument("--program", default=None, help="which program (default: the file's only one)")
@@ -125,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.command != "eval":  # NOTE: bad settings fail before any load (eval: its own)
+        if args.command not in ("eval", "router"):  # NOTE: bad settings fail before any load (eval: its own)
             EngineConfig.from_kwargs(**engine_kwargs(args))
         result: int = args.func(args)
         return result

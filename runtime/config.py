@@ -73,6 +73,13 @@ class EngineConfig:
     # a stall of a whole step at random. Process-wide, like vLLM's engine core does.
     freeze_gc: bool = True
     debug: bool = False  # run integrity checks whenever the engine goes idle
+    # Tensor parallelism (runtime/tensor_parallel.py): ranks (one process each) that split
+    # every layer; torch.distributed over gloo on the CPU, NCCL on CUDA.
+    tensor_parallel_size: int = 1
+    nnodes: int = 1  # machines the ranks span (tensor_parallel_size / nnodes ranks each)
+    node_rank: int = 0  # this machine's index; 0 runs the engine, the others only ranks
+    dist_init_addr: str | None = None  # "host:port" of node 0's rendezvous; None: a free local port
+    dist_timeout_s: float = 60.0  # a collective waiting longer than this fails (a dead rank)
 
     def __post_init__(self) -> None:
         def positive(name: str) -> None:
@@ -81,8 +88,10 @@ class EngineConfig:
                 raise InvalidRequestError(f"{name} must be a positive integer, got {value!r}")
 
         for name in ("max_model_len", "page_size", "num_pages", "max_running_requests",
-                     "max_prefill_tokens", "chunked_prefill_size", "num_threads"):
+                     "max_prefill_tokens", "chunked_prefill_size", "num_threads", "tensor_parallel_size",
+                     "nnodes"):
             positive(name)
+        self._check_distributed()
         if self.decode_reserve_tokens < 0:
             raise InvalidRequestError("decode_reserve_tokens must be >= 0")
         if self.mem_fraction is not None and not 0.0 < self.mem_fraction <= 0.95:
@@ -102,6 +111,22 @@ class EngineConfig:
         if self.num_pages is not None and self.num_pages < 2:
             raise InvalidRequestError("num_pages must be >= 2 (page 0 is the padding page)")
 
+    def _check_distributed(self) -> None:
+        if self.tensor_parallel_size > 1 and self.weights not in ("fp32", "auto"):
+            raise InvalidRequestError(f"tensor parallelism shards fp32 weights only: weights={self.weights!r} "
+                                      "with tensor_parallel_size > 1 is not supported")
+        if self.tensor_parallel_size % self.nnodes:
+            raise InvalidRequestError(f"tensor_parallel_size ({self.tensor_parallel_size}) must be a multiple "
+                                      f"of nnodes ({self.nnodes}): each node runs the same number of ranks")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise InvalidRequestError(f"node_rank must be in [0, {self.nnodes}), got {self.node_rank}")
+        if self.nnodes > 1 and not self.dist_init_addr:
+            raise InvalidRequestError("more than one node needs dist_init_addr (host:port of node 0)")
+        if self.dist_init_addr is not None and not _is_host_port(self.dist_init_addr):
+            raise InvalidRequestError(f"dist_init_addr must be host:port, got {self.dist_init_addr!r}")
+        if not self.dist_timeout_s > 0:
+            raise InvalidRequestError(f"dist_timeout_s must be > 0, got {self.dist_timeout_s}")
+
     def for_device(self, device_type: str) -> EngineConfig:
         """This config with the settings left to the device (None) filled in: the values
         measured for the CPU, or for CUDA (see each field's comment)."""
@@ -119,3 +144,8 @@ class EngineConfig:
         if unknown:
             raise InvalidRequestError(f"unknown engine setting(s): {', '.join(unknown)}")
         return cls(**kwargs)
+
+
+def _is_host_port(addr: str) -> bool:
+    host, sep, port = addr.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)

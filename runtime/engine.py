@@ -41,6 +41,7 @@ from runtime.request import Request
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.policy import make_policy
 from runtime.scheduler.scheduler import Scheduler
+from runtime.tensor_parallel import BroadcastingRunner, LeaderGroup, with_rendezvous
 
 
 class Engine:
@@ -54,7 +55,19 @@ class Engine:
 
     def __init__(self, model: str = "default", **config: Any) -> None:
         requested = EngineConfig.from_kwargs(model=model, **config)
-        loaded = load_engine_model(requested)
+        self._tp: LeaderGroup | None = None
+        if requested.tensor_parallel_size > 1:
+            if requested.node_rank != 0:
+                raise InvalidRequestError("node_rank > 0 runs tensor-parallel ranks only "
+                                          "(`arbor serve --node-rank k`), not an engine")
+            requested = with_rendezvous(requested)
+            self._tp = LeaderGroup(requested)  # NOTE: the other ranks load while we do
+        try:
+            loaded = load_engine_model(requested)
+        except BaseException:
+            if self._tp is not None:
+                self._tp.close()
+            raise
         self.config = cfg = loaded.config  # device-dependent defaults filled in
         self.device, self.dtype, self.model_dir = loaded.device, loaded.dtype, loaded.model_dir
         self.tokenizer, self.model, self.max_model_len = loaded.tokenizer, loaded.model, loaded.max_model_len
@@ -70,6 +83,9 @@ class Engine:
                                    cfg.decode_reserve_tokens, cfg.chunked_prefill_size)
         self.runner = ModelRunner(self.model, self.kv, self.device)
         self._scorer = Scorer(self.model, loaded.kv_dtype, cfg.page_size, self.device)
+        if self._tp is not None:
+            self._tp.send({"num_pages": num_pages})  # each rank's KV pool: the same page ids
+            self.runner = BroadcastingRunner(self.model, self.kv, self.device, self._tp)
         self.eos_token_ids = eos_token_ids(loaded.hf_config, self.tokenizer.eos_token_id)
         self.outputs = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len,
                                        torch.Generator().manual_seed(cfg.seed),
@@ -276,6 +292,9 @@ class Engine:
         Raises:
             InvalidRequestError / PromptTooLongError: empty, out-of-vocabulary or too long.
         """
+        if self._tp is not None:
+            raise InvalidRequestError("score() runs the model outside the step loop, which the "
+                                      "tensor-parallel ranks do not follow: use tensor_parallel_size=1")
         ids = self._prompt_ids(None, input_ids)
         if len(ids) > self.max_model_len:
             raise PromptTooLongError(f"{len(ids)} tokens to score; max_model_len is {self.max_model_len}")
@@ -302,6 +321,8 @@ class Engine:
         self._core.close()
         if self._grammar is not None:
             self._grammar.close()
+        if self._tp is not None:
+            self._tp.close()
 
     def __enter__(self) -> Engine:
         return self

@@ -29,6 +29,7 @@ from runtime.model.loader import (
     read_config,
     resolve_model_dir,
 )
+from runtime.model.parallel import ShardPlan, add_collectives, shard_model
 from runtime.model.quant import move_quantized, quantize_model
 
 log = logging.getLogger(__name__)
@@ -164,12 +165,16 @@ class LoadedModel:
     weights: str  # the format the weights are held in ("auto" resolved)
 
 
-def load_engine_model(requested: EngineConfig) -> LoadedModel:
+def load_engine_model(requested: EngineConfig, rank: int = 0) -> LoadedModel:
     """Resolve device and dtype, load tokenizer and model, size the KV pool, and pick the
-    fast paths for this device (prepacked linears, native CPU kernels)."""
+    fast paths for this device (prepacked linears, native CPU kernels). With tensor
+    parallelism, the model is ``rank``'s shard (``runtime.model.parallel``)."""
     if requested.num_threads:
         torch.set_num_threads(requested.num_threads)
     device = resolve_device(requested.device)
+    world = requested.tensor_parallel_size
+    if device.type == "cuda" and world > 1:
+        device = torch.device("cuda", rank % (world // requested.nnodes))
     cfg = requested.for_device(device.type)
     weights = resolve_weights(cfg.weights, device)
     dtype = resolve_dtype(cfg.dtype, device, weights)
@@ -180,8 +185,13 @@ def load_engine_model(requested: EngineConfig) -> LoadedModel:
     kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, device, dtype)
     num_pages, max_model_len = size_pool(cfg, hf_config, device, kv_dtype)
     model = _load_weights(model_dir, source, weights, device, dtype, max_model_len, hf_config)
+    plan = ShardPlan.build(model.args, rank, world) if world > 1 else None
+    if plan is not None:
+        shard_model(model, plan)
     if weights == "fp32" and cfg.prepack_weights and use_prepacked_linears(device, dtype):
         model.prepack_linears()
+    if plan is not None:
+        add_collectives(model, plan)
     if device.type == "cpu":
         enable_cpu_kernels()
     return LoadedModel(cfg, device, dtype, kv_dtype, model_dir, tokenizer, hf_config, model, num_pages, max_model_len,

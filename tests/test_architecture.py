@@ -33,7 +33,7 @@ LEAVES = ("kernels", "grammars")
 
 # Modules that must load without torch: the accelerator-free core (STYLE.md principle 3).
 # Every submodule of these packages is imported too (the KV tensors live in runtime.model).
-TORCH_FREE = ("runtime.scheduler", "runtime.cache", "runtime.request")
+TORCH_FREE = ("runtime.scheduler", "runtime.cache", "runtime.request", "runtime.router")
 TORCH_FREE_EXCEPT: tuple[str, ...] = ()
 
 
