@@ -29,7 +29,7 @@ from runtime.config import EngineConfig
 from runtime.constrained import CheckedGrammar, GrammarCompiler
 from runtime.engine_core import EngineCore, StepHook
 from runtime.engine_setup import freeze_gc, load_engine_model
-from runtime.errors import InvalidRequestError, PromptTooLongError
+from runtime.errors import InvalidRequestError, PromptTooLongError, check_unicode
 from runtime.model.kv_cache import KVCache
 from runtime.model.loader import eos_token_ids
 from runtime.model.runner import ModelRunner
@@ -148,6 +148,7 @@ class Engine:
         if prompt is not None:
             if not isinstance(prompt, str):
                 raise InvalidRequestError(f"prompt must be a string, got {type(prompt).__name__}")
+            check_unicode(prompt, "the prompt")
             ids: list[int] = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
         else:
             ids = list(input_ids or [])

@@ -7,7 +7,7 @@ limit (413), API key (401, all routes but ``/health``).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -29,7 +29,7 @@ def create_app(
     programs: dict[str, HostedProgram] | None = None,
     api_key: str | None = None,
     limits: ServerLimits | None = None,
-    model_name: str | None = None,
+    model_name: str | Sequence[str] | None = None,
 ) -> FastAPI:
     """Build the HTTP app for ``engine``.
 
@@ -39,14 +39,16 @@ def create_app(
             objects of a file); the only programs clients can run.
         api_key: when set, every route but ``/health`` needs ``Authorization: Bearer <key>``.
         limits: body size, token caps, timeouts and queue bounds (defaults: ``ServerLimits()``).
-        model_name: the id served by ``/v1/models`` (default: the engine's model setting).
+        model_name: the id served by ``/v1/models`` (default: the engine's model setting),
+            or several (the first is the one answers name); a request's ``model`` must be
+            one of them (else 404).
     """
     limits = limits or ServerLimits()
     gate = AdmissionGate(limits)
     metrics = ServerMetrics(engine.metrics, lambda: {"requests_inflight": gate.num_inflight,
                                                      "requests_waiting_first_token": gate.num_waiting})
-    ctx = ServerContext(engine, model_name or engine.config.model, limits, gate, metrics,
-                        dict(programs or {}))
+    names = (model_name,) if isinstance(model_name, str) else tuple(model_name or (engine.config.model,))
+    ctx = ServerContext(engine, names[0], limits, gate, metrics, dict(programs or {}), names)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -2,7 +2,7 @@
 
     InvalidRequestError, PromptTooLongError, ConstraintError  → 400
     pydantic / FastAPI validation (wrong types, malformed JSON) → 422 (400 for bad JSON)
-    ProgramNotFoundError                                      → 404
+    ProgramNotFoundError, ModelNotFoundError                  → 404
     GenerationFailedError, ProgramRunFailedError              → 500
     Overloaded                                                → 429 / 503
     EngineClosedError                                         → 503
@@ -25,7 +25,12 @@ from grammars import ConstraintError
 from runtime.errors import EngineClosedError, InvalidRequestError, PromptTooLongError
 from runtime.server.hosting import ProgramRunFailedError
 from runtime.server.limits import Overloaded, error_body
-from runtime.server.serving import ClientGoneError, RequestTimeoutError, ServerContext
+from runtime.server.serving import (
+    ClientGoneError,
+    ModelNotFoundError,
+    RequestTimeoutError,
+    ServerContext,
+)
 
 log = logging.getLogger("arbor.server")
 
@@ -55,6 +60,7 @@ def _table() -> list[tuple[type[Exception], int, str]]:
         (InvalidRequestError, 400, "invalid_request_error"),
         (ConstraintError, 400, "invalid_constraint"),
         (ProgramNotFoundError, 404, "not_found_error"),
+        (ModelNotFoundError, 404, "model_not_found"),
         (EngineClosedError, 503, "service_unavailable"),
         (RequestTimeoutError, 504, "timeout"),
         (ClientGoneError, 499, "client_closed_request"),

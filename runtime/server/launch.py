@@ -21,7 +21,8 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                        help="require 'Authorization: Bearer <key>' on every route but /health")
     group.add_argument("--programs", default=None,
                        help="Python file whose @program objects clients may run")
-    group.add_argument("--served-model-name", default=None, help="id shown by /v1/models")
+    group.add_argument("--served-model-name", default=None, nargs="+",
+                       help="the model id(s) of /v1/models; a request's model must be one (else 404)")
     group.add_argument("--log-level", default="info")
     group.add_argument("--timeout-keep-alive", type=int, default=5,
                        help="seconds an idle HTTP connection stays open")

@@ -9,6 +9,7 @@ overloaded) or the engine is closing, the answer is 503. Nothing queues without 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,7 +86,8 @@ class AdmissionGate:
 
 
 class BodyLimitMiddleware:
-    """Answers 413 for a body over ``max_bytes``, declared (Content-Length) or streamed.
+    """Answers 413 for a body over ``max_bytes``, declared (Content-Length) or streamed,
+    and 400 for a JSON body that holds a lone UTF-16 surrogate (``lone_surrogate``).
 
     The body is read here, up to the limit, before the app sees it, then replayed; later
     ``receive`` calls (disconnect detection) go straight through.
@@ -115,6 +117,11 @@ class BodyLimitMiddleware:
                 await send_error(send, 413, self._message(), "request_too_large")
                 return
 
+        body = b"".join(m.get("body", b"") for m in buffered if m["type"] == "http.request")
+        if (problem := lone_surrogate(body)) is not None:
+            await send_error(send, 400, problem, "invalid_json")
+            return
+
         async def replay() -> Message:
             return buffered.pop(0) if buffered else await receive()
 
@@ -122,6 +129,50 @@ class BodyLimitMiddleware:
 
     def _message(self) -> str:
         return f"request body exceeds {self.max_bytes} bytes"
+
+
+def lone_surrogate(body: bytes) -> str | None:
+    """Why ``body`` is not Unicode text, if a JSON escape in it is a lone UTF-16 surrogate
+    (``"\\udcff"``), else None.
+
+    NOTE: ``json.loads`` accepts such an escape and yields a ``str`` that cannot be encoded
+    (the tokenizer, the log, the answer would all fail later, as a 500); RFC 8259 leaves
+    it to the receiver, and this server refuses it. The body is parsed a second time only
+    when it holds a ``\\uD8``..``\\uDF`` escape, which ordinary text never does.
+    """
+    if not _SURROGATE_ESCAPE.search(body):
+        return None
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        return None  # not JSON: the app answers that itself
+    where = _find_surrogate(value, "body")
+    if where is None:
+        return None
+    return (f"{where} holds a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape), "
+            "which is not valid Unicode text")
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _find_surrogate(value: Any, path: str) -> str | None:
+    """The path of the first string (key or value) in ``value`` that is not valid Unicode."""
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return where
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                stack.append((key, f"{where} (a key)"))
+                stack.append((child, f"{where}.{key}"))
+        elif isinstance(item, list):
+            stack.extend((child, f"{where}[{i}]") for i, child in enumerate(item))
+    return None
 
 
 async def send_error(send: Send, status: int, message: str, kind: str,

@@ -30,7 +30,8 @@ def build_router(ctx: ServerContext) -> APIRouter:
 
     @router.get("/models")
     async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=ctx.model_name, max_model_len=ctx.engine.max_model_len)])
+        return ModelList(data=[ModelCard(id=name, max_model_len=ctx.engine.max_model_len)
+                               for name in ctx.served_model_names or (ctx.model_name,)])
 
     @router.post("/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> CompletionResponse | EventStreamResponse:

@@ -38,6 +38,7 @@ class Endpoint:
         self.ctx = ctx
         self.body = body
         self.id = new_id("cmpl")
+        ctx.check_model(body.model)
         self.model = body.model or ctx.model_name
         _refuse_unsupported(body)
         if body.n > ctx.limits.max_n:

@@ -21,7 +21,7 @@ from typing import TypeVar
 from starlette.requests import Request as HttpRequest
 
 from runtime.engine import Engine
-from runtime.errors import InvalidRequestError, PromptTooLongError
+from runtime.errors import InvalidRequestError, PromptTooLongError, check_unicode
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
 from runtime.server.hosting import HostedProgram
@@ -41,6 +41,21 @@ class ServerContext:
     gate: AdmissionGate
     metrics: ServerMetrics
     programs: dict[str, HostedProgram] = field(default_factory=dict)  # by name
+    # Every name a request's ``model`` may give (``model_name`` first); like vLLM, any
+    # other name is a 404, never served by the loaded model as if it were asked for.
+    served_model_names: tuple[str, ...] = ()
+
+    def check_model(self, asked: str | None) -> None:
+        """Raise ``ModelNotFoundError`` unless ``asked`` (a request's ``model``) is served;
+        a request without one gets the served model."""
+        if asked is not None and asked not in (self.served_model_names or (self.model_name,)):
+            raise ModelNotFoundError(
+                f"the model {asked!r} does not exist on this server; it serves "
+                f"{', '.join(repr(n) for n in self.served_model_names or (self.model_name,))}")
+
+
+class ModelNotFoundError(LookupError):
+    """A request named a model this server does not serve (HTTP 404)."""
 
 
 class RequestTimeoutError(Exception):
@@ -59,6 +74,7 @@ def encode_prompt(engine: Engine, text: str) -> list[int]:
     """Token ids of a prompt string, as ``Engine.add_request(prompt)`` would compute them."""
     if not text:
         raise InvalidRequestError("the prompt is empty")
+    check_unicode(text, "the prompt")
     ids: list[int] = engine.tokenizer(text, add_special_tokens=True)["input_ids"]
     return ids
 
