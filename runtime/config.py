@@ -40,6 +40,11 @@ class EngineConfig:
     decode_reserve_tokens: int = 16  # KV tokens reserved per running request at admission
     disable_prefix_cache: bool = False  # True: the do-nothing cache (baseline)
     schedule_policy: SchedulePolicy = "lpm"  # "lpm" longest-prefix-match, or "fcfs"
+    # Priority classes and a fair share between tenants on top of schedule_policy
+    # (scheduler/policy.py FairPolicy): interactive requests go first and may take a batch
+    # request's running slot; tenants take turns. With one tenant and one class it orders
+    # exactly as schedule_policy alone. False: schedule_policy alone (the baseline).
+    fair_scheduling: bool = True
     # The KV cache's dtype. Only "auto" (the model's dtype) exists: KV quantization is not
     # implemented, so any other value is refused rather than silently ignored.
     kv_cache_dtype: Literal["auto"] = "auto"

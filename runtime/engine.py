@@ -36,7 +36,7 @@ from runtime.model.runner import ModelRunner
 from runtime.output.processor import OutputProcessor
 from runtime.output.state import OutputCallback
 from runtime.outputs import RequestOutput, final_output
-from runtime.request import Request
+from runtime.request import PRIORITIES, Priority, Request
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.policy import make_policy
 from runtime.scheduler.scheduler import Scheduler
@@ -64,7 +64,7 @@ class Engine:
                           args.head_dim, self.dtype, self.device)
         self.cache: PrefixCache = NoPrefixCache(self.pool) if cfg.disable_prefix_cache else RadixTree(self.pool)
         assert cfg.chunked_prefill_size is not None and cfg.spec_fixed_cost_rows is not None
-        self.scheduler = Scheduler(self.pool, self.cache, make_policy(cfg.schedule_policy),
+        self.scheduler = Scheduler(self.pool, self.cache, make_policy(cfg.schedule_policy, cfg.fair_scheduling),
                                    cfg.max_running_requests, cfg.max_prefill_tokens,
                                    cfg.decode_reserve_tokens, cfg.chunked_prefill_size)
         self.runner = ModelRunner(self.model, self.kv, self.device)
@@ -110,8 +110,13 @@ class Engine:
         input_ids: list[int] | None = None,
         request_id: str | None = None,
         callback: OutputCallback | None = None,
+        tenant: str | None = None,
+        priority: Priority = "interactive",
     ) -> str:
         """Validate and queue one request; returns its id. Thread-safe.
+
+        ``tenant`` (who asks) and ``priority`` ("interactive" | "batch") steer the fair
+        scheduler (``EngineConfig.fair_scheduling``); they never change the output.
 
         Raises:
             InvalidRequestError / PromptTooLongError: for input that can never be served.
@@ -129,8 +134,13 @@ class Engine:
                 f"prompt has {len(ids)} tokens; max_model_len is {self.max_model_len} "
                 "(the prompt must leave room for at least one generated token)"
             )
+        if priority not in PRIORITIES:
+            raise InvalidRequestError(f"priority must be one of {', '.join(PRIORITIES)}, got {priority!r}")
+        if tenant is not None and not isinstance(tenant, str):
+            raise InvalidRequestError(f"tenant must be a string, got {type(tenant).__name__}")
         rid = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
-        self._core.submit(Request(rid, ids, params), callback, self._start_grammar(params))
+        request = Request(rid, ids, params, tenant=tenant, priority=priority)
+        self._core.submit(request, callback, self._start_grammar(params))
         return rid
 
     def _start_grammar(self, params: SamplingParams) -> Future[CheckedGrammar] | None:
@@ -227,6 +237,8 @@ class Engine:
         *,
         input_ids: list[int] | None = None,
         request_id: str | None = None,
+        tenant: str | None = None,
+        priority: Priority = "interactive",
     ) -> AsyncIterator[RequestOutput]:
         """Yield a ``RequestOutput`` per step (deltas since the last); the last is final.
 
@@ -242,7 +254,7 @@ class Engine:
                 loop.call_soon_threadsafe(queue.put_nowait, out)
 
         rid = self.add_request(prompt, sampling_params, input_ids=input_ids, request_id=request_id,
-                               callback=deliver)
+                               callback=deliver, tenant=tenant, priority=priority)
         finished = False
         try:
             while not finished:
@@ -260,10 +272,13 @@ class Engine:
         *,
         input_ids: list[int] | None = None,
         request_id: str | None = None,
+        tenant: str | None = None,
+        priority: Priority = "interactive",
     ) -> RequestOutput:
         """The final output of one request, awaited."""
         return await final_output(self.generate_stream(prompt, sampling_params, input_ids=input_ids,
-                                                       request_id=request_id))
+                                                       request_id=request_id, tenant=tenant,
+                                                       priority=priority))
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         """Render ``messages`` with the model's chat template."""
