@@ -6,7 +6,9 @@ Field names follow the field (SGLang / vLLM) and map 1:1 to ``arbor`` CLI flags
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
 from runtime.errors import InvalidRequestError
@@ -102,6 +104,12 @@ class EngineConfig:
             chunked_prefill_size=self.chunked_prefill_size or (512 if on_cuda else 16),
             spec_fixed_cost_rows=self.spec_fixed_cost_rows or (256.0 if on_cuda else 16.0),
         )
+
+    def version(self) -> str:
+        """A short hash of every setting (12 hex digits): two engines with the same version
+        run the same configuration, so a canary and its baseline can be told apart."""
+        text = json.dumps(asdict(self), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

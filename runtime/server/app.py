@@ -1,8 +1,9 @@
 """``create_app``: the FastAPI app around one engine.
 
 The app only translates between wire schemas (``protocol.py``) and engine requests; the
-engine's own background thread runs every step. Middleware, outermost first: body size
-limit (413), API key (401, all routes but ``/health``).
+engine's own background thread runs every step. Middleware, outermost first: the version
+headers (``X-Arbor-Model``, ``X-Arbor-Config-Version``) on every answer, body size limit
+(413) and lone-surrogate check (400), API key (401, all routes but ``/health``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from runtime.server.hosting import HostedProgram
 from runtime.server.limits import AdmissionGate, BodyLimitMiddleware, ServerLimits
 from runtime.server.metrics import ServerMetrics
 from runtime.server.serving import ServerContext
+from runtime.server.versions import VersionHeadersMiddleware, VersionLabels
 
 
 def create_app(
@@ -45,9 +47,11 @@ def create_app(
     """
     limits = limits or ServerLimits()
     gate = AdmissionGate(limits)
-    metrics = ServerMetrics(engine.metrics, lambda: {"requests_inflight": gate.num_inflight,
-                                                     "requests_waiting_first_token": gate.num_waiting})
     names = (model_name,) if isinstance(model_name, str) else tuple(model_name or (engine.config.model,))
+    versions = VersionLabels(names[0], engine.config.version())
+    metrics = ServerMetrics(engine.metrics, lambda: {"requests_inflight": gate.num_inflight,
+                                                     "requests_waiting_first_token": gate.num_waiting},
+                            versions.labels())
     ctx = ServerContext(engine, names[0], limits, gate, metrics, dict(programs or {}), names)
 
     @asynccontextmanager
@@ -64,7 +68,8 @@ def create_app(
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": ctx.model_name, "requests_inflight": gate.num_inflight}
+        return {"status": "closing" if gate.closing else "ok", "model": ctx.model_name,
+                "config_version": versions.config_version, "requests_inflight": gate.num_inflight}
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -73,6 +78,7 @@ def create_app(
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes)
+    app.add_middleware(VersionHeadersMiddleware, versions=versions)
     return app
 
 

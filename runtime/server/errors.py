@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI
@@ -72,15 +73,16 @@ def _table() -> list[tuple[type[Exception], int, str]]:
 def install_error_handlers(app: FastAPI, ctx: ServerContext) -> None:
     """Register the table above on ``app``; every error is also counted by kind."""
 
-    def answer(status: int, kind: str, message: str) -> JSONResponse:
+    def answer(status: int, kind: str, message: str,
+               headers: dict[str, str] | None = None) -> JSONResponse:
         ctx.metrics.errors.labels(kind).inc()
-        return JSONResponse(error_body(message, kind, status), status_code=status)
+        return JSONResponse(error_body(message, kind, status), status_code=status, headers=headers)
 
     async def on_known(request: Request, exc: Exception) -> JSONResponse:
         status, kind = classify(exc)
         if status == 500:
             log.exception("request %s failed", request.url.path, exc_info=exc)
-        return answer(status, kind, str(exc) or type(exc).__name__)
+        return answer(status, kind, str(exc) or type(exc).__name__, retry_headers(exc))
 
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
@@ -97,6 +99,13 @@ def install_error_handlers(app: FastAPI, ctx: ServerContext) -> None:
     app.add_exception_handler(HTTPException, on_http)
     for cls, _, _ in _table():
         app.add_exception_handler(cls, on_known)
+
+
+def retry_headers(exc: BaseException) -> dict[str, str] | None:
+    """``Retry-After`` (whole seconds, at least 1) for a refusal that says when to retry."""
+    if isinstance(exc, Overloaded) and exc.retry_after is not None:
+        return {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+    return None
 
 
 def _describe(errors: Any) -> str:

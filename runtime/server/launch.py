@@ -34,13 +34,25 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                        help="cap on the tokens one request may ask for")
     group.add_argument("--default-max-tokens", type=int, default=defaults.default_max_tokens)
     group.add_argument("--request-timeout", type=float, default=defaults.request_timeout_s)
+    group.add_argument("--max-prompt-tokens", type=int, default=defaults.max_prompt_tokens,
+                       help="prompt tokens of one request (default: the model's context)")
+    group.add_argument("--tenant-max-concurrent", type=int, default=defaults.tenant_max_concurrent,
+                       help="requests in flight per tenant (X-Tenant header / OpenAI user field)")
+    group.add_argument("--tenant-tokens-per-minute", type=int, default=defaults.tenant_tokens_per_minute,
+                       help="prompt + max_tokens per tenant per minute")
+    group.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout_s,
+                       help="on SIGTERM, seconds in-flight requests may take before they are aborted")
 
 
 def limits_from_args(args: argparse.Namespace) -> ServerLimits:
     return ServerLimits(max_inflight=args.max_inflight, max_waiting=args.max_waiting,
                         max_body_bytes=args.max_body_bytes, max_tokens=args.max_tokens_limit,
                         default_max_tokens=args.default_max_tokens,
-                        request_timeout_s=args.request_timeout, program_timeout_s=args.request_timeout)
+                        request_timeout_s=args.request_timeout, program_timeout_s=args.request_timeout,
+                        max_prompt_tokens=args.max_prompt_tokens,
+                        tenant_max_concurrent=args.tenant_max_concurrent,
+                        tenant_tokens_per_minute=args.tenant_tokens_per_minute,
+                        shutdown_timeout_s=args.shutdown_timeout)
 
 
 def serve(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> int:

@@ -14,6 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from runtime.server.versions import LabelledView
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                    10.0, 30.0, 60.0, 120.0)
 
@@ -22,8 +24,10 @@ class ServerMetrics:
     """The metrics of one app. ``render()`` is the ``/metrics`` body."""
 
     def __init__(self, engine_metrics: Callable[[], dict[str, float]],
-                 gate_state: Callable[[], dict[str, int]]) -> None:
+                 gate_state: Callable[[], dict[str, int]],
+                 version_labels: dict[str, str] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.version_labels = version_labels or {}  # on every sample (versions.py)
         r = self.registry
         self.ttft = Histogram("arbor_time_to_first_token_seconds", "Time to first token",
                               ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
@@ -39,7 +43,7 @@ class ServerMetrics:
         r.register(_EngineCollector(engine_metrics, gate_state))
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(LabelledView(self.registry, self.version_labels))  # type: ignore[arg-type]
 
 
 class _EngineCollector(Collector):

@@ -44,6 +44,7 @@ from runtime.server.serving import (
     until_disconnect,
 )
 from runtime.server.sse import SSE_DONE, EventStreamResponse, sse
+from runtime.server.tenants import caller_of
 
 
 def to_sampling_params(p: NativeSamplingParams) -> SamplingParams:
@@ -61,7 +62,8 @@ def build_router(ctx: ServerContext) -> APIRouter:
         ids = encode_prompt(engine, body.text) if body.text is not None else list(body.input_ids or [])
         params = to_sampling_params(body.sampling_params)
         check_budget(engine, ctx.limits, len(ids), params.max_new_tokens)
-        group = StreamGroup(ctx, "generate", [(ids, params)], ctx.limits.deadline(body.timeout))
+        group = StreamGroup(ctx, "generate", [(ids, params)], ctx.limits.deadline(body.timeout),
+                            caller_of(request.headers))
         if body.stream:
             [stream] = await group.open()  # 4xx/429/503 before the first byte
             return EventStreamResponse(_stream_events(ctx, stream), group.close)

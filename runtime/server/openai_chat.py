@@ -37,6 +37,7 @@ from runtime.server.protocol import (
 )
 from runtime.server.serving import ServerContext, encode_prompt, new_id
 from runtime.server.sse import EventStreamResponse
+from runtime.server.tenants import Caller
 
 TOOLS_PROMPT = (
     "You can call the following functions. To call one, answer with a single JSON object "
@@ -48,8 +49,8 @@ TOOLS_PROMPT = (
 class ChatEndpoint(Endpoint):
     name = "chat"
 
-    def __init__(self, ctx: ServerContext, body: ChatCompletionRequest) -> None:
-        super().__init__(ctx, body)
+    def __init__(self, ctx: ServerContext, body: ChatCompletionRequest, caller: Caller) -> None:
+        super().__init__(ctx, body, caller)
         self.id = new_id("chatcmpl")
         self.req = body
         tools = body.tools or []

@@ -25,6 +25,7 @@ from runtime.server.serving import (
     until_disconnect,
 )
 from runtime.server.sse import SSE_DONE, EventStreamResponse, sse
+from runtime.server.tenants import Caller
 
 Job = tuple[list[int], SamplingParams]
 
@@ -34,9 +35,10 @@ class Endpoint:
 
     name = "openai"
 
-    def __init__(self, ctx: ServerContext, body: SamplingExtras) -> None:
+    def __init__(self, ctx: ServerContext, body: SamplingExtras, caller: Caller) -> None:
         self.ctx = ctx
         self.body = body
+        self.caller = caller
         self.id = new_id("cmpl")
         ctx.check_model(body.model)
         self.model = body.model or ctx.model_name
@@ -59,7 +61,8 @@ class Endpoint:
             logprobs=logprobs, top_logprobs=top_logprobs, constraint=constraint)
 
     def group(self, jobs: list[Job]) -> StreamGroup:
-        return StreamGroup(self.ctx, self.name, jobs, self.ctx.limits.deadline(self.body.timeout))
+        return StreamGroup(self.ctx, self.name, jobs, self.ctx.limits.deadline(self.body.timeout),
+                           self.caller)
 
     async def finals(self, request: Request, jobs: list[Job]) -> list[RequestOutput]:
         """Run every job to completion (aborted if the client leaves)."""

@@ -18,13 +18,14 @@ from runtime.server.protocol import (
 )
 from runtime.server.serving import ServerContext, encode_prompt
 from runtime.server.sse import EventStreamResponse
+from runtime.server.tenants import Caller
 
 
 class CompletionEndpoint(Endpoint):
     name = "completions"
 
-    def __init__(self, ctx: ServerContext, body: CompletionRequest) -> None:
-        super().__init__(ctx, body)
+    def __init__(self, ctx: ServerContext, body: CompletionRequest, caller: Caller) -> None:
+        super().__init__(ctx, body, caller)
         self.req = body
         if body.echo or (body.best_of or 1) > 1 or body.suffix:
             raise InvalidRequestError("echo, best_of and suffix are not supported")

@@ -36,6 +36,7 @@ from runtime.server.hosting import (
 from runtime.server.protocol import ProgramInfo, ProgramResult, ProgramsResponse, Strict
 from runtime.server.serving import Admission, RequestTimeoutError, ServerContext, until_disconnect
 from runtime.server.sse import SSE_DONE, EventStreamResponse, sse
+from runtime.server.tenants import caller_of
 
 GenerationListener = Callable[[GenerationDone], None]
 
@@ -66,10 +67,11 @@ def build_router(ctx: ServerContext) -> APIRouter:
         args = _validate(program, body.arguments)
         timeout = ctx.limits.program_timeout_s if body.timeout is None else min(
             body.timeout, ctx.limits.program_timeout_s or body.timeout)
-        run = _Run(ctx, program, args, timeout)
+        admission = Admission(ctx, caller_of(request.headers))
+        run = _Run(ctx, program, args, timeout, admission)
         if body.stream:
             return await _stream_run(run)
-        async with Admission(ctx):
+        async with admission:
             return await until_disconnect(request, run.result())
 
     return router
@@ -89,8 +91,9 @@ class _Run:
     gone, deadline passed) closes the program's event stream, which aborts the run."""
 
     def __init__(self, ctx: ServerContext, program: HostedProgram, args: dict[str, Any],
-                 timeout: float | None) -> None:
+                 timeout: float | None, admission: Admission) -> None:
         self.ctx = ctx
+        self.admission = admission  # NOTE: a run's tokens are billed as its generations end
         self.program = program
         self.args = args
         self.timeout = timeout
@@ -113,6 +116,7 @@ class _Run:
             async for event in events:
                 if isinstance(event, ProgramOutcome):
                     return event
+                self.admission.charge(event.num_completion_tokens)
                 if self.on_generation is not None:
                     self.on_generation(event)
         raise ProgramRunFailedError(f"program {self.program.name} ended without a result")
@@ -130,7 +134,7 @@ async def _stream_run(run: _Run) -> EventStreamResponse:
                            "completion_tokens": done.num_completion_tokens})
 
     run.on_generation = on_generation
-    admission = Admission(ctx)
+    admission = run.admission
     await admission.__aenter__()
     task = asyncio.ensure_future(run.result())
 

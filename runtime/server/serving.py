@@ -27,6 +27,7 @@ from runtime.sampling_params import SamplingParams
 from runtime.server.hosting import HostedProgram
 from runtime.server.limits import AdmissionGate, ServerLimits
 from runtime.server.metrics import ServerMetrics
+from runtime.server.tenants import Caller
 
 T = TypeVar("T")
 
@@ -84,6 +85,9 @@ def check_budget(engine: Engine, limits: ServerLimits, prompt_len: int, max_new_
     if max_new_tokens > limits.max_tokens:
         raise InvalidRequestError(f"max_tokens is {max_new_tokens}; this server allows at most "
                                   f"{limits.max_tokens}")
+    if limits.max_prompt_tokens is not None and prompt_len > limits.max_prompt_tokens:
+        raise PromptTooLongError(f"the prompt has {prompt_len} tokens; this server allows at most "
+                                 f"{limits.max_prompt_tokens}")
     if prompt_len + max_new_tokens > engine.max_model_len:
         raise PromptTooLongError(
             f"this model's maximum context length is {engine.max_model_len} tokens; the request "
@@ -91,17 +95,22 @@ def check_budget(engine: Engine, limits: ServerLimits, prompt_len: int, max_new_
 
 
 class Admission:
-    """``async with Admission(ctx):`` holds one in-flight slot for the block (429/503 if none)."""
+    """``async with Admission(ctx, caller):`` holds one in-flight slot for the block
+    (429/503 if none). ``charge`` bills the caller's tenant for tokens used meanwhile."""
 
-    def __init__(self, ctx: ServerContext) -> None:
+    def __init__(self, ctx: ServerContext, caller: Caller) -> None:
         self.gate = ctx.gate
+        self.caller = caller
+
+    def charge(self, tokens: int) -> None:
+        self.gate.tenants.charge(self.caller.tenant, tokens)
 
     async def __aenter__(self) -> Admission:
-        self.gate.admit()
+        self.gate.admit(self.caller)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self.gate.release()
+        self.gate.release(self.caller)
 
 
 class StreamGroup:
@@ -111,9 +120,13 @@ class StreamGroup:
     """
 
     def __init__(self, ctx: ServerContext, endpoint: str,
-                 jobs: list[tuple[list[int], SamplingParams]], timeout_s: float | None) -> None:
+                 jobs: list[tuple[list[int], SamplingParams]], timeout_s: float | None,
+                 caller: Caller) -> None:
         self.ctx = ctx
-        self.streams = [EngineStream(ctx, endpoint, ids, p, timeout_s) for ids, p in jobs]
+        self.caller = caller
+        self.streams = [EngineStream(ctx, endpoint, ids, p, timeout_s, caller) for ids, p in jobs]
+        # Tokens reserved from the tenant's budget: every prompt and every max_tokens.
+        self.reserved = sum(len(ids) + p.max_new_tokens for ids, p in jobs)
         self.admitted = False
 
     async def open(self) -> list[EngineStream]:
@@ -124,7 +137,7 @@ class StreamGroup:
         constraints = {id(c): c for s in self.streams if (c := s.params.constraint) is not None}
         for constraint in constraints.values():
             await asyncio.wrap_future(self.ctx.engine.grammar_compiler.compile_async(constraint))
-        self.ctx.gate.admit()
+        self.ctx.gate.admit(self.caller, self.reserved)
         self.admitted = True
         try:
             for stream in self.streams:
@@ -141,7 +154,8 @@ class StreamGroup:
                 stream.submitted = False
         if self.admitted:
             self.admitted = False
-            self.ctx.gate.release()
+            used = sum(len(s.input_ids) + s.num_generated for s in self.streams)
+            self.ctx.gate.release(self.caller, self.reserved - used)
 
     async def __aenter__(self) -> list[EngineStream]:
         return await self.open()
@@ -157,8 +171,10 @@ class EngineStream:
     """
 
     def __init__(self, ctx: ServerContext, endpoint: str, input_ids: list[int],
-                 params: SamplingParams, timeout_s: float | None) -> None:
+                 params: SamplingParams, timeout_s: float | None, caller: Caller) -> None:
         self.ctx = ctx
+        self.caller = caller
+        self.num_generated = 0
         self.endpoint = endpoint
         self.input_ids = input_ids
         self.params = params
@@ -177,7 +193,8 @@ class EngineStream:
             loop.call_soon_threadsafe(self.queue.put_nowait, out)
 
         self.ctx.engine.add_request(input_ids=self.input_ids, params=self.params,
-                                    request_id=self.request_id, callback=deliver)
+                                    request_id=self.request_id, callback=deliver,
+                                    tenant=self.caller.tenant, priority=self.caller.priority)
         self.submitted = True
         self.ctx.gate.num_waiting += 1
         self.ctx.metrics.prompt_tokens.inc(len(self.input_ids))
@@ -214,6 +231,7 @@ class EngineStream:
         now = time.monotonic()
         m = self.ctx.metrics
         num_new = len(out.delta_token_ids)
+        self.num_generated += num_new
         if num_new:
             m.generation_tokens.inc(num_new)
             if self.last_token_at is None:
