@@ -59,21 +59,25 @@ def serve(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> int:
     """Build the engine and the app from parsed flags and serve until interrupted."""
     # NOTE: here, not at the top: `arbor --help` and `arbor generate` parse these flags
     # and must not load the web stack (or torch, through the engine) to do so.
-    import uvicorn
-
     from runtime import Engine
     from runtime.server.app import create_app
+    from runtime.server.shutdown import GracefulServer
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     programs = load_programs(args.programs) if args.programs else {}
     engine = Engine(**engine_kwargs)
+    limits = limits_from_args(args)
     app = create_app(engine, programs=programs, api_key=args.api_key,
-                     limits=limits_from_args(args), model_name=args.served_model_name)
-    log.info("serving %s on http://%s:%d (%d programs)", engine.config.model, args.host,
-             args.port, len(programs))
+                     limits=limits, model_name=args.served_model_name)
+    log.info("serving %s on http://%s:%d (%d programs, config version %s)", engine.config.model,
+             args.host, args.port, len(programs), engine.config.version())
+    server = GracefulServer(app, app.state.ctx.gate, engine, limits.shutdown_timeout_s,
+                            host=args.host, port=args.port, log_level=args.log_level.lower(),
+                            timeout_keep_alive=args.timeout_keep_alive)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
-                    timeout_keep_alive=args.timeout_keep_alive, timeout_graceful_shutdown=5)
+        server.run()
     finally:
-        engine.close()
+        engine.close()  # NOTE: aborts (with an error) whatever the drain left
+    log.info("shut down")
     return 0
+
