@@ -27,8 +27,10 @@ from frontend_dsl.errors import (
     ProgramCancelledError,
     ProgramDefinitionError,
     ProgramError,
+    ProgramLimitError,
 )
 from frontend_dsl.graph import Graph, Node
+from frontend_dsl.limits import ProgramLimits
 from frontend_dsl.primitives import gen, select
 from frontend_dsl.program import Program, program
 from frontend_dsl.roles import assistant, system, user
@@ -38,7 +40,7 @@ from frontend_dsl.tools import Tool, ToolCall, tool
 __all__ = [
     "Backend", "Branches", "DSLError", "GenChunk", "GenParams", "GenerationError", "Graph",
     "Node", "Program", "ProgramCancelledError", "ProgramDefinitionError", "ProgramError",
-    "ProgramState", "Tool", "ToolCall", "assistant", "gen", "get_default_backend", "program",
+    "ProgramLimitError", "ProgramLimits", "ProgramState", "Tool", "ToolCall", "assistant", "gen", "get_default_backend", "program",
     "select", "set_default_backend", "system", "tool", "user",
 ]
 

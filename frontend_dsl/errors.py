@@ -31,6 +31,11 @@ class ProgramDefinitionError(DSLError, ValueError):
     """The program is malformed: bad arguments to a primitive, a role opened twice..."""
 
 
+class ProgramLimitError(ProgramDefinitionError):
+    """A run went past one of its program's bounds (``ProgramLimits``: branches forked,
+    tool calls); nothing past the bound was started."""
+
+
 class GenerationError(DSLError):
     """One node (gen, select, tool call) failed: backend error or output failing its schema."""
 

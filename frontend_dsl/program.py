@@ -28,6 +28,7 @@ from frontend_dsl.default_backend import resolve_backend
 from frontend_dsl.errors import ProgramDefinitionError, ProgramError, TraceStop
 from frontend_dsl.executor import Executor, TextListener
 from frontend_dsl.graph import Graph
+from frontend_dsl.limits import DEFAULT_LIMITS, ProgramLimits
 from frontend_dsl.state import ProgramState
 from frontend_dsl.tracer import Session
 
@@ -42,11 +43,12 @@ ProgramFn = Callable[..., Any]
 class Program:
     """A function whose first parameter is the program state ``s``."""
 
-    def __init__(self, fn: ProgramFn) -> None:
+    def __init__(self, fn: ProgramFn, limits: ProgramLimits = DEFAULT_LIMITS) -> None:
         params = list(inspect.signature(fn).parameters)
         if not params:
             raise ProgramDefinitionError(f"@program {fn.__name__} must take the state as first parameter")
         self.fn = fn
+        self.limits = limits
         self.name = fn.__name__
         self.arg_names = params[1:]
         functools.update_wrapper(self, fn)
@@ -68,7 +70,7 @@ class Program:
         return self._run(resolve_backend(backend), kwargs, on_text=None)
 
     def _run(self, backend: Backend, kwargs: dict[str, Any], on_text: TextListener | None) -> ProgramState:
-        session = Session(self.name, backend, Executor(backend, on_text))
+        session = Session(self.name, backend, Executor(backend, on_text), self.limits)
         state = ProgramState(session)
         try:
             self.fn(state, **kwargs)
@@ -165,7 +167,7 @@ class Program:
         on the value and run interpreted under ``run``. The backend is only used for its
         chat template.
         """
-        session = Session(self.name, resolve_backend(backend), executor=None)
+        session = Session(self.name, resolve_backend(backend), executor=None, limits=self.limits)
         with contextlib.suppress(TraceStop):
             self.fn(ProgramState(session), **example_args)
         return session.graph
@@ -199,7 +201,16 @@ class Program:
         return ProgramHost(self.name, self.fn, self.run)
 
 
-def program(fn: ProgramFn) -> Program:
-    """Decorator: make ``fn(s, ...)`` a ``Program``."""
-    return Program(fn)
+def program(fn: ProgramFn | None = None, *, max_branches: int | None = None,
+            max_tool_calls: int | None = None) -> Any:
+    """Decorator: make ``fn(s, ...)`` a ``Program``. Bare (``@program``) or with bounds on
+    each run (``@program(max_branches=64, max_tool_calls=8)``; defaults: ``ProgramLimits``)."""
+    bounds = {k: v for k, v in (("max_branches", max_branches), ("max_tool_calls", max_tool_calls))
+              if v is not None}
+    limits = ProgramLimits(**bounds) if bounds else DEFAULT_LIMITS
+
+    def wrap(f: ProgramFn) -> Program:
+        return Program(f, limits)
+
+    return wrap(fn) if fn is not None else wrap
 

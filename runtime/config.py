@@ -57,6 +57,8 @@ class EngineConfig:
     # 256 on CUDA (a pass's cost is flat until a few hundred rows).
     spec_fixed_cost_rows: float | None = None
     grammar_backend: str = "auto"  # constrained decoding engine ("auto" = best per kind)
+    grammar_timeout_s: float = 30.0  # bound on one grammar compilation (then ConstraintError)
+    grammar_max_bytes: int = 256 * 1024  # bound on a constraint's source (schema, regex, Lark)
     seed: int = 0  # seed of the engine's generator for requests without their own seed
     # CPU fp32: reorder every linear weight once for oneDNN (2-3x faster decode matmuls;
     # False: plain F.linear, the baseline). Ignored on CUDA and without oneDNN.
@@ -75,7 +77,7 @@ class EngineConfig:
                 raise InvalidRequestError(f"{name} must be a positive integer, got {value!r}")
 
         for name in ("max_model_len", "page_size", "num_pages", "max_running_requests",
-                     "max_prefill_tokens", "chunked_prefill_size", "num_threads"):
+                     "max_prefill_tokens", "chunked_prefill_size", "num_threads", "grammar_max_bytes"):
             positive(name)
         if self.decode_reserve_tokens < 0:
             raise InvalidRequestError("decode_reserve_tokens must be >= 0")
@@ -90,6 +92,8 @@ class EngineConfig:
                 f"implemented), got {self.kv_cache_dtype!r}")
         if self.schedule_policy not in ("lpm", "fcfs"):
             raise InvalidRequestError(f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}")
+        if not self.grammar_timeout_s > 0:
+            raise InvalidRequestError(f"grammar_timeout_s must be > 0, got {self.grammar_timeout_s!r}")
         if self.spec_fixed_cost_rows is not None and not self.spec_fixed_cost_rows > 0:
             raise InvalidRequestError(f"spec_fixed_cost_rows must be > 0, got {self.spec_fixed_cost_rows!r}")
         if self.num_pages is not None and self.num_pages < 2:

@@ -88,7 +88,9 @@ class Engine:
         with self._grammar_lock:
             if self._grammar is None:
                 backend = None if self.config.grammar_backend == "auto" else self.config.grammar_backend
-                self._grammar = GrammarCompiler(self.tokenizer, self.vocab_size, backend=backend)
+                self._grammar = GrammarCompiler(self.tokenizer, self.vocab_size, backend=backend,
+                                                timeout_s=self.config.grammar_timeout_s,
+                                                max_source_bytes=self.config.grammar_max_bytes)
             return self._grammar
 
     def compile_constraint(self, constraint: Any) -> CheckedGrammar:

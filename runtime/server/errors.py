@@ -3,6 +3,7 @@
     InvalidRequestError, PromptTooLongError, ConstraintError  → 400
     pydantic / FastAPI validation (wrong types, malformed JSON) → 422 (400 for bad JSON)
     ProgramNotFoundError, ModelNotFoundError                  → 404
+    ProgramLimitExceededError (a run past its bounds)         → 422
     GenerationFailedError, ProgramRunFailedError              → 500
     Overloaded                                                → 429 / 503
     EngineClosedError                                         → 503
@@ -24,7 +25,7 @@ from starlette.requests import Request
 
 from grammars import ConstraintError
 from runtime.errors import EngineClosedError, InvalidRequestError, PromptTooLongError
-from runtime.server.hosting import ProgramRunFailedError
+from runtime.server.hosting import ProgramLimitExceededError, ProgramRunFailedError
 from runtime.server.limits import Overloaded, error_body
 from runtime.server.serving import (
     ClientGoneError,
@@ -61,6 +62,7 @@ def _table() -> list[tuple[type[Exception], int, str]]:
         (InvalidRequestError, 400, "invalid_request_error"),
         (ConstraintError, 400, "invalid_constraint"),
         (ProgramNotFoundError, 404, "not_found_error"),
+        (ProgramLimitExceededError, 422, "program_limit"),
         (ModelNotFoundError, 404, "model_not_found"),
         (EngineClosedError, 503, "service_unavailable"),
         (RequestTimeoutError, 504, "timeout"),
