@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from typing import Any
 
+import jinja2
 import torch
 
 from runtime import env
@@ -283,9 +284,20 @@ class Engine:
                                                        priority=priority))
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """Render ``messages`` with the model's chat template."""
-        return str(self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt))
+        """Render ``messages`` with the model's chat template.
+
+        Raises:
+            InvalidRequestError: the template cannot render them (no messages, a message
+                without role or content, content that is not text...).
+        """
+        if not messages:
+            raise InvalidRequestError("there are no messages to render")
+        try:
+            return str(self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt))
+        except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise InvalidRequestError(f"the chat template cannot render these messages: "
+                                      f"{type(exc).__name__}: {exc}") from None
 
     # ---- introspection --------------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:

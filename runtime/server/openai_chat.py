@@ -185,12 +185,18 @@ def _message_dict(m: ChatMessageIn) -> dict[str, Any]:
     else:
         content = m.content or ""
     if m.tool_calls and not content:  # an earlier call, shown as the JSON the model wrote
-        content = "\n".join(json.dumps({"name": c.function.name,
-                                        "arguments": json.loads(c.function.arguments or "{}")})
+        content = "\n".join(json.dumps({"name": c.function.name, "arguments": _arguments(c)})
                             for c in m.tool_calls)
     role = "system" if m.role == "developer" else m.role
     extra = {k: v for k, v in (("name", m.name), ("tool_call_id", m.tool_call_id)) if v is not None}
     return {"role": role, "content": content, **extra}  # NOTE: templates that know them use them
+
+
+def _arguments(call: ToolCallOut) -> Any:
+    try:
+        return json.loads(call.function.arguments or "{}")
+    except json.JSONDecodeError as exc:
+        raise InvalidRequestError(f"tool call {call.id!r}: function.arguments is not JSON ({exc})") from None
 
 
 def tool_call_schema(tools: list[ChatTool]) -> dict[str, Any]:

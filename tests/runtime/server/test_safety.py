@@ -142,3 +142,17 @@ def test_an_unknown_model_is_a_404(http: Any) -> None:
         assert http.post(path, json={**body, "model": "m", "max_tokens": 2}).status_code == 200
         assert http.post(path, json={**body, "max_tokens": 2}).status_code == 200  # no model: the served one
     assert [m["id"] for m in http.get("/v1/models").json()["data"]] == ["m"]
+
+
+@pytest.mark.parametrize(("path", "body", "message"), [
+    ("/apply_chat_template", {"messages": []}, "no messages"),
+    ("/apply_chat_template", {"messages": [{"role": "user"}]}, "chat template cannot render"),
+    ("/apply_chat_template", {"messages": [{"role": "user", "content": 5}]}, "chat template cannot render"),
+    ("/v1/chat/completions", {"model": "m", "max_tokens": 2, "messages": [
+        {"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": "00"}}]}]},
+     "function.arguments is not JSON"),
+])
+def test_fuzzer_found_500s_are_now_400s(http: Any, path: str, body: dict[str, Any], message: str) -> None:
+    r = http.post(path, json=body)
+    assert r.status_code == 400, r.text
+    assert message in r.json()["error"]["message"]
