@@ -11,7 +11,9 @@ The algorithm, once per step (``schedule``):
    re-queued first in line, so it resumes from the cache (or recomputes) later.
    Priority room: while the running batch is full and a waiting request outranks a
    running one (``policy.victim``: an interactive request, a batch one), retract that one.
-2. Prefill, class by class (``policy.rank``; a base policy has one class). Continue
+2. Prefill, class by class (``policy.rank``; a base policy has one class: 0). While
+   only worse-class requests decode, the budget is the large one, but a worse class
+   gets at most the small one whenever anything decodes. Continue
    requests whose prompt is part-way prefilled (chunked prefill), then
    admit waiting requests in policy order while the prefill token budget (small while
    others decode, so their inter-token latency holds; large otherwise), the running
@@ -108,14 +110,29 @@ class Scheduler:
         decode = [r for r in decoding if not drafts.get(r.request_id)]
         verify = [VerifyItem(r, tuple(drafts[r.request_id])) for r in decoding if drafts.get(r.request_id)]
         decode_pages = self._decode_growth(drafts)
-        tokens = self.chunked_prefill_size if decoding else self.max_prefill_tokens
+        # NOTE: the small budget protects the inter-token latency of best-class streams:
+        # while only worse-class (batch) requests decode, a best-class prompt is prefilled
+        # whole; worse-class prompts stay in small chunks whenever anything decodes.
+        protected = any(self.policy.rank(r) == 0 for r in decoding)
+        tokens = self.chunked_prefill_size if protected else self.max_prefill_tokens
         budget = _StepBudget(max(tokens, self._deferred_budget), self._available_pages() - decode_pages)
         self._deferred_budget = 0
         prefill: list[PrefillItem] = []
         for rank in sorted({self.policy.rank(r) for r in [*self.running, *self.waiting]}):
-            prefill += self._continue_prefills(budget, rank) + self._admit(budget, rank)
+            prefill += self._prefill_class(budget, rank, capped=bool(decoding) and rank > 0)
         self._allocate(prefill, decode, verify)
         return ScheduledBatch.build(prefill, decode, verify, retracted)
+
+    def _prefill_class(self, budget: _StepBudget, rank: int, capped: bool) -> list[PrefillItem]:
+        """Continue, then admit, the prefills of class ``rank``; ``capped``: at most
+        ``chunked_prefill_size`` of the budget (a worse class while others decode)."""
+        share = _StepBudget(min(budget.tokens, self.chunked_prefill_size) if capped else budget.tokens,
+                            budget.pages)
+        before = share.tokens
+        items = self._continue_prefills(share, rank) + self._admit(share, rank)
+        budget.tokens -= before - share.tokens
+        budget.pages = share.pages
+        return items
 
     def _drafts_that_fit(self, drafts: Mapping[str, list[int]]) -> Mapping[str, list[int]]:
         """Speculation never costs a retraction: drop every draft when pages run short."""
