@@ -225,7 +225,7 @@ class EngineStream:
             return await asyncio.wait_for(self.queue.get(), max(0.0, self.deadline - time.monotonic()))
         except TimeoutError:
             raise RequestTimeoutError(
-                f"request timed out after {self.deadline - self.started:.1f} s") from None
+                f"request timed out after {self.deadline - self.started:.3g} s") from None
 
     def _observe(self, out: RequestOutput) -> None:
         now = time.monotonic()
