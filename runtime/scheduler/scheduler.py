@@ -13,7 +13,9 @@ The algorithm, once per step (``schedule``):
    running one (``policy.victim``: an interactive request, a batch one), retract that one.
 2. Prefill, class by class (``policy.rank``; a base policy has one class: 0). While
    only worse-class requests decode, the budget is the large one, but a worse class
-   gets at most the small one whenever anything decodes. Continue
+   gets at most the small one whenever anything decodes; a step that prefills a
+   best-class prompt carries no worse-class work at all (their decodes wait one step),
+   so an interactive request's first token costs what it costs on an idle engine. Continue
    requests whose prompt is part-way prefilled (chunked prefill), then
    admit waiting requests in policy order while the prefill token budget (small while
    others decode, so their inter-token latency holds; large otherwise), the running
@@ -119,7 +121,12 @@ class Scheduler:
         self._deferred_budget = 0
         prefill: list[PrefillItem] = []
         for rank in sorted({self.policy.rank(r) for r in [*self.running, *self.waiting]}):
+            if rank > 0 and prefill:
+                break  # NOTE: a step that prefills best-class prompts carries no worse-class work
             prefill += self._prefill_class(budget, rank, capped=bool(decoding) and rank > 0)
+        if any(self.policy.rank(i.request) == 0 for i in prefill):
+            decode = [r for r in decode if self.policy.rank(r) == 0]
+            verify = [v for v in verify if self.policy.rank(v.request) == 0]
         self._allocate(prefill, decode, verify)
         return ScheduledBatch.build(prefill, decode, verify, retracted)
 

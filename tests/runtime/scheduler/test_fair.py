@@ -86,15 +86,18 @@ def test_make_policy_wraps_the_base_when_fair() -> None:
     assert isinstance(make_policy("fcfs"), FCFSPolicy)
 
 
-def test_only_batch_decoding_an_interactive_prompt_is_prefilled_whole_a_batch_one_in_chunks() -> None:
+def test_interactive_prefill_step_is_whole_and_carries_no_batch_work() -> None:
     sim = Sim(num_pages=1024, max_running=8, max_prefill_tokens=256, chunked_prefill_size=8, fair=True)
-    sim.add("b1", [1] * 4, 50, tenant="A", priority="batch")
+    b1 = sim.add("b1", [1] * 4, 50, tenant="A", priority="batch")
     sim.step()
     sim.step()  # b1 decodes now
     long_batch = sim.add("b2", list(range(10, 74)), 4, tenant="A", priority="batch")
     interactive = sim.add("i1", list(range(100, 160)), 4, tenant="B")
-    sim.step()
-    assert interactive.num_computed == 60  # whole, in one step
-    assert long_batch.num_computed == 8  # a chunk: something decodes
-    sim.step()
-    assert long_batch.num_computed == 16  # i1 decodes now: the small budget protects it
+    outputs_before = len(b1.output_ids)
+    batch = sim.step()
+    assert interactive.num_computed == 60  # whole, in one step: only batch work decodes
+    assert [i.request.request_id for i in batch.prefill] == ["i1"] and batch.decode == []
+    assert len(b1.output_ids) == outputs_before and long_batch.num_computed == 0  # batch waits a step
+    batch = sim.step()  # i1 decodes now: batch work resumes, its prompt in small chunks
+    assert long_batch.num_computed == 8 and len(b1.output_ids) == outputs_before + 1
+    assert {r.request_id for r in batch.decode} == {"b1", "i1"}
