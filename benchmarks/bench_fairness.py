@@ -48,20 +48,30 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def ttft(engine: Engine, ids: list[int], params: SamplingParams, tenant: str, priority: str) -> float:
+    """Submit; return at the first token (the rest of the request runs on, in ``drain``)."""
     start = time.perf_counter()
-    first: float | None = None
-    async for out in engine.generate_stream(input_ids=ids, sampling_params=params, tenant=tenant,
-                                            priority=priority):  # type: ignore[arg-type]
-        if first is None and out.delta_token_ids:
+    stream = engine.generate_stream(input_ids=ids, sampling_params=params, tenant=tenant,
+                                    priority=priority)  # type: ignore[arg-type]
+    async for out in stream:
+        if out.delta_token_ids:
             first = time.perf_counter() - start
-    assert first is not None
-    return first
+            DRAINS.append(asyncio.ensure_future(drain(stream)))
+            return first
+    raise AssertionError("finished without a token")
+
+
+DRAINS: list[asyncio.Task[None]] = []
+
+
+async def drain(stream: Any) -> None:
+    async for _ in stream:
+        pass
 
 
 async def interactive_series(engine: Engine, args: argparse.Namespace, rng: random.Random) -> list[float]:
     params = SamplingParams(max_new_tokens=args.interactive_tokens, temperature=0.0, ignore_eos=True)
     tasks = []
-    for _ in range(args.interactive):
+    for _ in range(args.interactive):  # NOTE: each runs to its end (drain) after its first token
         tasks.append(asyncio.ensure_future(ttft(engine, prompt_ids(engine, args.prompt_tokens, rng),
                                                 params, "B", "interactive")))
         await asyncio.sleep(args.interval)
@@ -72,13 +82,16 @@ async def flood_then_interactive(engine: Engine, args: argparse.Namespace, rng: 
     params = SamplingParams(max_new_tokens=args.batch_tokens, temperature=0.0, ignore_eos=True)
     flood = [asyncio.ensure_future(ttft(engine, prompt_ids(engine, args.batch_prompt_tokens, rng),
                                         params, "A", "batch")) for _ in range(args.flood)]
-    while engine.metrics()["num_running"] < min(args.flood, args.max_running):
-        await asyncio.sleep(0.05)  # A holds every running slot before B arrives
+    # NOTE: B arrives once A holds every running slot and decodes (steady state), not
+    # during the one-time prefill of A's first jobs on an idle engine.
+    while sum(t.done() for t in flood) < min(args.flood, args.max_running):
+        await asyncio.sleep(0.05)
     await asyncio.sleep(args.interval)
     ttfts = await interactive_series(engine, args, rng)
-    for task in flood:
+    for task in DRAINS:
         task.cancel()  # aborts A's remaining jobs
-    await asyncio.gather(*flood, return_exceptions=True)
+    await asyncio.gather(*DRAINS, return_exceptions=True)
+    DRAINS.clear()
     return ttfts
 
 

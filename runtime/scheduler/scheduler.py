@@ -13,7 +13,8 @@ The algorithm, once per step (``schedule``):
    running one (``policy.victim``: an interactive request, a batch one), retract that one.
 2. Prefill, class by class (``policy.rank``; a base policy has one class: 0). While
    only worse-class requests decode, the budget is the large one, but a worse class
-   gets at most the small one whenever anything decodes; a step that prefills a
+   gets at most the small one whenever anything decodes or a best-class request is in
+   the engine (no long batch step in front of an interactive arrival); a step that prefills a
    best-class prompt carries no worse-class work at all (their decodes wait one step),
    so an interactive request's first token costs what it costs on an idle engine. Continue
    requests whose prompt is part-way prefilled (chunked prefill), then
@@ -119,11 +120,12 @@ class Scheduler:
         tokens = self.chunked_prefill_size if protected else self.max_prefill_tokens
         budget = _StepBudget(max(tokens, self._deferred_budget), self._available_pages() - decode_pages)
         self._deferred_budget = 0
+        best_present = any(self.policy.rank(r) == 0 for r in [*self.running, *self.waiting])
         prefill: list[PrefillItem] = []
         for rank in sorted({self.policy.rank(r) for r in [*self.running, *self.waiting]}):
             if rank > 0 and prefill:
                 break  # NOTE: a step that prefills best-class prompts carries no worse-class work
-            prefill += self._prefill_class(budget, rank, capped=bool(decoding) and rank > 0)
+            prefill += self._prefill_class(budget, rank, capped=rank > 0 and (bool(decoding) or best_present))
         if any(self.policy.rank(i.request) == 0 for i in prefill):
             decode = [r for r in decode if self.policy.rank(r) == 0]
             verify = [v for v in verify if self.policy.rank(v.request) == 0]
