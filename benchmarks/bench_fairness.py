@@ -47,20 +47,19 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))] if ordered else float("nan")
 
 
-async def ttft(engine: Engine, ids: list[int], params: SamplingParams, tenant: str, priority: str) -> float:
-    """Submit; return at the first token (the rest of the request runs on, in ``drain``)."""
+async def ttft(engine: Engine, ids: list[int], params: SamplingParams, tenant: str, priority: str,
+               drains: list[asyncio.Task[None]]) -> float:
+    """Submit; return at the first token (the rest of the request runs on in a task added
+    to ``drains``)."""
     start = time.perf_counter()
     stream = engine.generate_stream(input_ids=ids, sampling_params=params, tenant=tenant,
                                     priority=priority)  # type: ignore[arg-type]
     async for out in stream:
         if out.delta_token_ids:
             first = time.perf_counter() - start
-            DRAINS.append(asyncio.ensure_future(drain(stream)))
+            drains.append(asyncio.ensure_future(drain(stream)))
             return first
     raise AssertionError("finished without a token")
-
-
-DRAINS: list[asyncio.Task[None]] = []
 
 
 async def drain(stream: Any) -> None:
@@ -70,28 +69,30 @@ async def drain(stream: Any) -> None:
 
 async def interactive_series(engine: Engine, args: argparse.Namespace, rng: random.Random) -> list[float]:
     params = SamplingParams(max_new_tokens=args.interactive_tokens, temperature=0.0, ignore_eos=True)
-    tasks = []
-    for _ in range(args.interactive):  # NOTE: each runs to its end (drain) after its first token
+    tasks, drains = [], []
+    for _ in range(args.interactive):  # NOTE: each runs to its end (drains) after its first token
         tasks.append(asyncio.ensure_future(ttft(engine, prompt_ids(engine, args.prompt_tokens, rng),
-                                                params, "B", "interactive")))
+                                                params, "B", "interactive", drains)))
         await asyncio.sleep(args.interval)
-    return list(await asyncio.gather(*tasks))
+    ttfts = list(await asyncio.gather(*tasks))
+    await asyncio.gather(*drains)
+    return ttfts
 
 
 async def flood_then_interactive(engine: Engine, args: argparse.Namespace, rng: random.Random) -> list[float]:
     params = SamplingParams(max_new_tokens=args.batch_tokens, temperature=0.0, ignore_eos=True)
+    drains: list[asyncio.Task[None]] = []
     flood = [asyncio.ensure_future(ttft(engine, prompt_ids(engine, args.batch_prompt_tokens, rng),
-                                        params, "A", "batch")) for _ in range(args.flood)]
+                                        params, "A", "batch", drains)) for _ in range(args.flood)]
     # NOTE: B arrives once A holds every running slot and decodes (steady state), not
     # during the one-time prefill of A's first jobs on an idle engine.
     while sum(t.done() for t in flood) < min(args.flood, args.max_running):
         await asyncio.sleep(0.05)
     await asyncio.sleep(args.interval)
     ttfts = await interactive_series(engine, args, rng)
-    for task in DRAINS:
+    for task in [*flood, *drains]:
         task.cancel()  # aborts A's remaining jobs
-    await asyncio.gather(*DRAINS, return_exceptions=True)
-    DRAINS.clear()
+    await asyncio.gather(*flood, *drains, return_exceptions=True)
     return ttfts
 
 
