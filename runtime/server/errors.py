@@ -25,6 +25,7 @@ from starlette.requests import Request
 
 from grammars import ConstraintError
 from runtime.errors import EngineClosedError, InvalidRequestError, PromptTooLongError
+from runtime.outputs import RequestOutput
 from runtime.server.hosting import ProgramLimitExceededError, ProgramRunFailedError
 from runtime.server.limits import Overloaded, error_body
 from runtime.server.serving import (
@@ -43,6 +44,16 @@ class ProgramNotFoundError(LookupError):
 
 class GenerationFailedError(Exception):
     """The engine finished the request with an error (``RequestOutput.error``)."""
+
+
+def raise_if_failed(ctx: ServerContext, out: RequestOutput) -> None:
+    """An engine output that failed, as an exception: 503 when the server is shutting down
+    (the engine was closed under the request at the shutdown deadline), else 500."""
+    if out.error is None:
+        return
+    if ctx.gate.closing:
+        raise EngineClosedError(f"the server is shutting down: {out.error}")
+    raise GenerationFailedError(f"generation failed: {out.error}")
 
 
 def classify(exc: BaseException) -> tuple[int, str]:

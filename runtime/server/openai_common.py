@@ -13,7 +13,7 @@ from runtime.errors import InvalidRequestError
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
 from runtime.server import engine_constraints
-from runtime.server.errors import GenerationFailedError, stream_error_event
+from runtime.server.errors import raise_if_failed, stream_error_event
 from runtime.server.protocol import ResponseFormat, SamplingExtras, Usage
 from runtime.server.serving import (
     EngineStream,
@@ -69,7 +69,7 @@ class Endpoint:
         async with self.group(jobs) as streams:
             outs = await until_disconnect(request, asyncio.gather(*(collect(s) for s in streams)))
         for out in outs:
-            _raise_if_failed(out)
+            raise_if_failed(self.ctx, out)
         self.ctx.metrics.requests.labels(self.name, "200").inc()
         return list(outs)
 
@@ -82,7 +82,7 @@ class Endpoint:
         finals: dict[int, RequestOutput] = {}
         try:
             async for index, out in _merge(streams):
-                _raise_if_failed(out)
+                raise_if_failed(self.ctx, out)
                 for payload in self.chunks(index, out):
                     yield sse(payload)
                 if out.finished:
@@ -107,10 +107,6 @@ def _refuse_unsupported(b: SamplingExtras) -> None:
     if b.logit_bias:
         raise InvalidRequestError("logit_bias is not supported")
 
-
-def _raise_if_failed(out: RequestOutput) -> None:
-    if out.error is not None:
-        raise GenerationFailedError(f"generation failed: {out.error}")
 
 
 async def _merge(streams: list[EngineStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
