@@ -25,6 +25,10 @@ hits from the online run) sent one at a time (``--no-baseline`` skips it). Saves
 extra): ``<name>_cdf.png`` (one curve per workload bucket) and ``<name>_cdf_prompt.png``
 (one per prompt-length bucket), each with TTFT, ITL and end-to-end panels.
 
+Canary vs baseline: ``--compare-url`` runs the same workload against a second server
+after the first and prints both side by side, each labelled with the model and config
+version its answers carry (``X-Arbor-Model``, ``X-Arbor-Config-Version``).
+
     arbor serve --model default --port 30000 --max-prefill-tokens 256 &
     .venv/bin/python benchmarks/bench_serving.py --base-url http://127.0.0.1:30000/v1 \
         --rate 0.5 --num-requests 20
@@ -390,27 +394,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", default="bench_serving")
     p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--compare-url", default=None,
+                   help="a second server (e.g. the canary): the same workload runs against it after "
+                        "--base-url, and both are printed side by side with their model and config "
+                        "version (X-Arbor-Model / X-Arbor-Config-Version)")
     return p.parse_args(argv)
 
 
-async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+async def main_async(args: argparse.Namespace, base_url: str | None = None,
+                     name: str | None = None) -> dict[str, Any]:
+    base_url = base_url or args.base_url
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
     load = Workload(args.short_input, args.long_input, args.short_output, args.long_output,
                     args.turns, args.system_words)
     buckets = [b for b in args.buckets.split(",") if b]
-    async with httpx.AsyncClient(base_url=args.base_url.rstrip("/"), headers=headers,
+    async with httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers,
                                  timeout=args.timeout, limits=limits) as http:
-        model = args.model or (await http.get("/models")).json()["data"][0]["id"]
+        listing = await http.get("/models")
+        model = args.model or listing.json()["data"][0]["id"]
+        version = {"model": listing.headers.get("X-Arbor-Model"),
+                   "config_version": listing.headers.get("X-Arbor-Config-Version")}
         await Client(http, model, args.ignore_eos, "", args.token_logprobs).completion(Job("warmup", "warm up", 2))
         online, online_s = await run_jobs(*workload(http, model, args, load, buckets, args.seed), args.rate)
         baseline = None
         if args.baseline:  # NOTE: other words, so it gets no prefix-cache hits from the online run
             baseline = await run_jobs(*workload(http, model, args, load, buckets, args.seed + 1000), None)
-    result: dict[str, Any] = {"command": reproduce_line(), "base_url": args.base_url, "model": model,
-                              "rate": args.rate, "workload": load.__dict__,
+    result: dict[str, Any] = {"command": reproduce_line(), "base_url": base_url, "model": model,
+                              "server_version": version, "rate": args.rate, "workload": load.__dict__,
                               "online": summarize(online, online_s)}
-    print_summary(f"online, Poisson rate {args.rate}/s", result["online"])
+    print_summary(f"{base_url} (model {version['model']}, config {version['config_version']}): "
+                  f"online, Poisson rate {args.rate}/s", result["online"])
     if baseline is not None:
         result["baseline_sequential"] = summarize(*baseline)
         print_summary("baseline: same requests one at a time", result["baseline_sequential"])
@@ -420,16 +434,40 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     RESULTS.mkdir(parents=True, exist_ok=True)
     title = f"{model} at {args.rate} req/s"
     by_workload = {b: [s for s in online if s.bucket == b] for b in BUCKETS}
-    result["cdf_png"] = [str(plot_cdf(by_workload, RESULTS / f"{args.name}_cdf.png", title + ", by workload bucket")),
-                         str(plot_cdf(prompt_groups(online), RESULTS / f"{args.name}_cdf_prompt.png",
+    result["cdf_png"] = [str(plot_cdf(by_workload, RESULTS / f"{name or args.name}_cdf.png", title + ", by workload bucket")),
+                         str(plot_cdf(prompt_groups(online), RESULTS / f"{name or args.name}_cdf_prompt.png",
                                       title + ", by prompt length (tokens)"))]
     return result
+
+
+def print_comparison(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two servers side by side (canary vs baseline): the same workload's overall figures,
+    and each server's model and config version (X-Arbor-* headers) so they are told apart."""
+    rows: dict[str, Any] = {}
+    print(f"\n== side by side: A = {a['base_url']} {a['server_version']}\n"
+          f"                 B = {b['base_url']} {b['server_version']}")
+    print(f"{'figure':<24}{'A':>12}{'B':>12}{'B / A':>9}")
+    pairs = [("output tok/s", a["online"]["output_token_throughput"], b["online"]["output_token_throughput"])]
+    for metric in ("ttft_ms", "itl_ms", "e2e_ms"):
+        for p in ("p50", "p99"):
+            pairs.append((f"{metric[:-3].upper()} {p} (ms)", a["online"]["buckets"].get("all", {}).get(metric, {}).get(p),
+                          b["online"]["buckets"].get("all", {}).get(metric, {}).get(p)))
+    for label, x, y in pairs:
+        ratio = y / x if x and y is not None else None
+        rows[label] = {"A": x, "B": y, "B/A": ratio}
+        print(f"{label:<24}{x if x is not None else '-':>12}{y if y is not None else '-':>12}"
+              f"{f'{ratio:.2f}x' if ratio is not None else '-':>9}")
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     print(reproduce_line(), f"(load average {load_average()})")
     result = asyncio.run(main_async(args))
+    if args.compare_url:
+        other = asyncio.run(main_async(args, args.compare_url, args.name + "_compare"))
+        result = {"A": result, "B": other, "side_by_side": print_comparison(result, other)}
+        result["cdf_png"] = result["A"]["cdf_png"]
     path = save_result(args.name, result)
     print(f"saved {path} and {', '.join(result['cdf_png'])}")
 

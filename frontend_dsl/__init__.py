@@ -30,8 +30,10 @@ from frontend_dsl.errors import (
     ProgramCancelledError,
     ProgramDefinitionError,
     ProgramError,
+    ProgramLimitError,
 )
 from frontend_dsl.graph import Graph, Node
+from frontend_dsl.limits import ProgramLimits
 from frontend_dsl.primitives import (
     assistant_begin,
     assistant_end,
@@ -54,7 +56,7 @@ from frontend_dsl.tools import Tool, ToolCall, tool
 __all__ = [
     "Backend", "Branches", "DSLError", "GenChunk", "GenParams", "GenerationError", "Graph",
     "Node", "Program", "ProgramCancelledError", "ProgramDefinitionError", "ProgramError",
-    "ProgramState", "Ref", "RunTrace", "Tool", "ToolCall", "assistant", "assistant_begin",
+    "ProgramLimitError", "ProgramLimits", "ProgramState", "Ref", "RunTrace", "Tool", "ToolCall", "assistant", "assistant_begin",
     "assistant_end", "gen", "gen_int", "gen_string", "get_default_backend", "program", "select",
     "set_default_backend", "system", "system_begin", "system_end", "tool", "user", "user_begin",
     "user_end",

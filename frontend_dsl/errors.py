@@ -36,6 +36,11 @@ class UnsupportedFeatureError(DSLError, NotImplementedError):
     the message names it."""
 
 
+class ProgramLimitError(ProgramDefinitionError):
+    """A run went past one of its program's bounds (``ProgramLimits``: branches forked,
+    tool calls); nothing past the bound was started."""
+
+
 class GenerationError(DSLError):
     """One node (gen, select, tool call) failed: backend error or output failing its schema."""
 

@@ -94,7 +94,11 @@ class Executor:
     async def _run(self, node: Node, deps: list[Node]) -> None:
         try:
             for dep in deps:
-                await asyncio.wrap_future(dep.done)
+                # NOTE: shielded. A bare wrap_future chains cancellation back: cancelling this
+                # task (the body raised) cancelled the dependency's own ``done`` while still
+                # pending, and concurrent.futures.wait never counts such a future as done,
+                # so Session.wait_all hung forever (found by tests/frontend_dsl/test_program_fuzz.py).
+                await asyncio.shield(asyncio.wrap_future(dep.done))
             self.recorder.start(node)
             result = await self._handlers[node.kind](node)
         except asyncio.CancelledError:

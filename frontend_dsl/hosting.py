@@ -28,13 +28,14 @@ import pydantic
 import pydantic_core
 
 from frontend_dsl.engine_backend import EngineBackend
-from frontend_dsl.errors import ProgramError
+from frontend_dsl.errors import ProgramError, ProgramLimitError
 from frontend_dsl.state import ProgramState
 from runtime.outputs import RequestOutput, final_output
 from runtime.server.hosting import (
     ArgumentProblem,
     GenerationDone,
     InvalidArgumentsError,
+    ProgramLimitExceededError,
     ProgramOutcome,
     ProgramRunFailedError,
     RunEvent,
@@ -115,6 +116,8 @@ class _Finished:
     error: BaseException | None
 
     def outcome(self) -> ProgramOutcome:
+        if isinstance(self.error, ProgramError) and isinstance(self.error.__cause__, ProgramLimitError):
+            raise ProgramLimitExceededError(str(self.error.__cause__)) from self.error
         if isinstance(self.error, ProgramError):
             trace = self.error.state.run_trace().to_json() if isinstance(self.error.state, ProgramState) else None
             raise ProgramRunFailedError(str(self.error), trace) from self.error

@@ -31,6 +31,7 @@ from frontend_dsl.default_backend import resolve_backend
 from frontend_dsl.errors import ProgramDefinitionError, ProgramError, TraceStop
 from frontend_dsl.executor import Executor, TextListener
 from frontend_dsl.graph import Graph
+from frontend_dsl.limits import DEFAULT_LIMITS, ProgramLimits
 from frontend_dsl.primitives import SAMPLING_SETTINGS, check_params
 from frontend_dsl.state import ProgramState
 from frontend_dsl.text_stream import TextLog
@@ -49,11 +50,12 @@ class Program:
 
     state_class: type[ProgramState] = ProgramState  # what ``s`` is (``sgl`` uses its own)
 
-    def __init__(self, fn: ProgramFn) -> None:
+    def __init__(self, fn: ProgramFn, limits: ProgramLimits = DEFAULT_LIMITS) -> None:
         params = list(inspect.signature(fn).parameters)
         if not params:
             raise ProgramDefinitionError(f"@program {fn.__name__} must take the state as first parameter")
         self.fn = fn
+        self.limits = limits
         self.name = fn.__name__
         self.arg_names = params[1:]
         functools.update_wrapper(self, fn)
@@ -114,7 +116,7 @@ class Program:
                  on_text: TextListener | None = None) -> Session:
         log = TextLog() if streamed else None
         listener = log.append if log is not None else on_text
-        session = Session(self.name, backend, Executor(backend, listener), defaults)
+        session = Session(self.name, backend, Executor(backend, listener), defaults, self.limits)
         session.text_log = log
         return session
 
@@ -223,7 +225,8 @@ class Program:
         ``run``. The backend is only used for its chat template.
         """
         backend, example_args, defaults = self._bind(args, backend, example_args)
-        session = Session(self.name, resolve_backend(backend), executor=None, defaults=defaults)
+        session = Session(self.name, resolve_backend(backend), executor=None, defaults=defaults,
+                          limits=self.limits)
         with contextlib.suppress(TraceStop):
             self.fn(self.state_class(session), **example_args)
         return session.graph
@@ -257,9 +260,18 @@ class Program:
         return ProgramHost(self.name, self.fn, self.run)
 
 
-def program(fn: ProgramFn) -> Program:
-    """Decorator: make ``fn(s, ...)`` a ``Program``."""
-    return Program(fn)
+def program(fn: ProgramFn | None = None, *, max_branches: int | None = None,
+            max_tool_calls: int | None = None) -> Any:
+    """Decorator: make ``fn(s, ...)`` a ``Program``. Bare (``@program``) or with bounds on
+    each run (``@program(max_branches=64, max_tool_calls=8)``; defaults: ``ProgramLimits``)."""
+    bounds = {k: v for k, v in (("max_branches", max_branches), ("max_tool_calls", max_tool_calls))
+              if v is not None}
+    limits = ProgramLimits(**bounds) if bounds else DEFAULT_LIMITS
+
+    def wrap(f: ProgramFn) -> Program:
+        return Program(f, limits)
+
+    return wrap(fn) if fn is not None else wrap
 
 
 # What ``run`` takes as the run's sampling defaults (``max_new_tokens`` is SGLang's name).

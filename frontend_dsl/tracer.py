@@ -26,7 +26,7 @@ import threading
 from typing import Any
 
 from frontend_dsl.backend import Backend, GenParams
-from frontend_dsl.errors import ProgramDefinitionError, TraceStop
+from frontend_dsl.errors import ProgramDefinitionError, ProgramLimitError, TraceStop
 from frontend_dsl.executor import (
     CapturePayload,
     Executor,
@@ -36,6 +36,7 @@ from frontend_dsl.executor import (
     TextPayload,
 )
 from frontend_dsl.graph import Graph, GraphStop, Node, NodeKind
+from frontend_dsl.limits import DEFAULT_LIMITS, ProgramLimits
 from frontend_dsl.loop import get_loop
 from frontend_dsl.output_constraint import OutputConstraint
 from frontend_dsl.primitives import Expr, Gen, RoleBegin, RoleEnd, Select, Seq, with_defaults
@@ -63,10 +64,13 @@ class Session:
     """Builds (and, with an executor, runs) the graph of one program run."""
 
     def __init__(self, name: str, backend: Backend, executor: Executor | None,
-                 defaults: dict[str, Any] | None = None) -> None:
+                 defaults: dict[str, Any] | None = None, limits: ProgramLimits = DEFAULT_LIMITS) -> None:
         self.graph = Graph(name)
         self.backend = backend
         self.executor = executor
+        self.limits = limits
+        self.num_branches = 0  # forked over the run, all forks together
+        self.num_tool_calls = 0
         self.defaults = dict(defaults or {})  # the run's sampling settings for every gen
         self.text_log: TextLog | None = None  # set for a streamed run (``text_iter``)
         self.return_value: Any = None  # what the program's body returned
@@ -126,6 +130,10 @@ class Session:
         if not item.tools:
             node = self._add("gen", stream_id, {"name": item.name, **item.params.describe()}, item)
         else:
+            self.num_tool_calls += 1
+            if self.num_tool_calls > self.limits.max_tool_calls:
+                raise ProgramLimitError(f"program {self.graph.name} made more than "
+                                        f"{self.limits.max_tool_calls} tool calls (max_tool_calls)")
             constraint = OutputConstraint("json_schema", call_schema(item.tools))
             params: GenParams = dataclasses.replace(item.params, constraint=constraint)
             item = dataclasses.replace(item, params=params)
@@ -201,6 +209,11 @@ class Session:
                 raise ProgramDefinitionError(f"fork needs n >= 1, got {n!r}")
             if parent.open_role is not None and not inside_role:
                 raise ProgramDefinitionError("close the open role before forking")
+            if self.num_branches + n > self.limits.max_branches:
+                raise ProgramLimitError(
+                    f"program {self.graph.name} would fork {self.num_branches + n} branches; the "
+                    f"limit is {self.limits.max_branches} (max_branches)")
+            self.num_branches += n
             branch_ids = tuple(range(len(self._streams), len(self._streams) + n))
             node = self._add("fork", stream_id, {"n": n, "branches": list(branch_ids)},
                              ForkPayload(branch_ids))

@@ -6,7 +6,9 @@ Field names follow the field (SGLang / vLLM) and map 1:1 to ``arbor`` CLI flags
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
 from runtime.errors import InvalidRequestError
@@ -45,6 +47,11 @@ class EngineConfig:
     decode_reserve_tokens: int = 16  # KV tokens reserved per running request at admission
     disable_prefix_cache: bool = False  # True: the do-nothing cache (baseline)
     schedule_policy: SchedulePolicy = "lpm"  # "lpm" longest-prefix-match, or "fcfs"
+    # Priority classes and a fair share between tenants on top of schedule_policy
+    # (scheduler/policy.py FairPolicy): interactive requests go first and may take a batch
+    # request's running slot; tenants take turns. With one tenant and one class it orders
+    # exactly as schedule_policy alone. False: schedule_policy alone (the baseline).
+    fair_scheduling: bool = True
     # The KV cache's stored dtype: "auto" (the model's), "int8" or "fp8" (e4m3), each row
     # of head_dim values as 8-bit codes plus one fp32 scale per (token, head), so the same
     # memory holds ~3.8x the tokens (fp32 model, head_dim 64). fp8 needs a CUDA device with
@@ -58,6 +65,8 @@ class EngineConfig:
     # 256 on CUDA (a pass's cost is flat until a few hundred rows).
     spec_fixed_cost_rows: float | None = None
     grammar_backend: str = "auto"  # constrained decoding engine ("auto" = best per kind)
+    grammar_timeout_s: float = 30.0  # bound on one grammar compilation (then ConstraintError)
+    grammar_max_bytes: int = 256 * 1024  # bound on a constraint's source (schema, regex, Lark)
     seed: int = 0  # seed of the engine's generator for requests without their own seed
     # CPU fp32: reorder every linear weight once for oneDNN (2-3x faster decode matmuls;
     # False: plain F.linear, the baseline). Ignored on CUDA and without oneDNN.
@@ -89,7 +98,7 @@ class EngineConfig:
 
         for name in ("max_model_len", "page_size", "num_pages", "max_running_requests",
                      "max_prefill_tokens", "chunked_prefill_size", "num_threads", "tensor_parallel_size",
-                     "nnodes"):
+                     "nnodes", "grammar_max_bytes"):
             positive(name)
         self._check_distributed()
         if self.decode_reserve_tokens < 0:
@@ -106,6 +115,8 @@ class EngineConfig:
             raise InvalidRequestError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {self.weights!r}")
         if self.schedule_policy not in ("lpm", "fcfs"):
             raise InvalidRequestError(f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}")
+        if not self.grammar_timeout_s > 0:
+            raise InvalidRequestError(f"grammar_timeout_s must be > 0, got {self.grammar_timeout_s!r}")
         if self.spec_fixed_cost_rows is not None and not self.spec_fixed_cost_rows > 0:
             raise InvalidRequestError(f"spec_fixed_cost_rows must be > 0, got {self.spec_fixed_cost_rows!r}")
         if self.num_pages is not None and self.num_pages < 2:
@@ -136,6 +147,12 @@ class EngineConfig:
             chunked_prefill_size=self.chunked_prefill_size or (512 if on_cuda else 16),
             spec_fixed_cost_rows=self.spec_fixed_cost_rows or (256.0 if on_cuda else 16.0),
         )
+
+    def version(self) -> str:
+        """A short hash of every setting (12 hex digits): two engines with the same version
+        run the same configuration, so a canary and its baseline can be told apart."""
+        text = json.dumps(asdict(self), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

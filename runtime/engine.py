@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from typing import Any
 
+import jinja2
 import torch
 
 from runtime import env
@@ -29,7 +30,7 @@ from runtime.config import EngineConfig
 from runtime.constrained import CheckedGrammar, GrammarCompiler
 from runtime.engine_core import EngineCore, StepHook
 from runtime.engine_setup import freeze_gc, load_engine_model
-from runtime.errors import InvalidRequestError, PromptTooLongError
+from runtime.errors import InvalidRequestError, PromptTooLongError, check_unicode
 from runtime.model.kv_cache import KVCache
 from runtime.model.loader import eos_token_ids
 from runtime.model.runner import ModelRunner
@@ -37,7 +38,7 @@ from runtime.model.scorer import Scorer
 from runtime.output.processor import OutputProcessor
 from runtime.output.state import OutputCallback
 from runtime.outputs import RequestOutput, final_output
-from runtime.request import Request
+from runtime.request import PRIORITIES, Priority, Request
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.policy import make_policy
 from runtime.scheduler.scheduler import Scheduler
@@ -78,7 +79,7 @@ class Engine:
                           args.head_dim, loaded.kv_dtype, self.device)
         self.cache: PrefixCache = NoPrefixCache(self.pool) if cfg.disable_prefix_cache else RadixTree(self.pool)
         assert cfg.chunked_prefill_size is not None and cfg.spec_fixed_cost_rows is not None
-        self.scheduler = Scheduler(self.pool, self.cache, make_policy(cfg.schedule_policy),
+        self.scheduler = Scheduler(self.pool, self.cache, make_policy(cfg.schedule_policy, cfg.fair_scheduling),
                                    cfg.max_running_requests, cfg.max_prefill_tokens,
                                    cfg.decode_reserve_tokens, cfg.chunked_prefill_size)
         self.runner = ModelRunner(self.model, self.kv, self.device)
@@ -106,7 +107,9 @@ class Engine:
         with self._grammar_lock:
             if self._grammar is None:
                 backend = None if self.config.grammar_backend == "auto" else self.config.grammar_backend
-                self._grammar = GrammarCompiler(self.tokenizer, self.vocab_size, backend=backend)
+                self._grammar = GrammarCompiler(self.tokenizer, self.vocab_size, backend=backend,
+                                                timeout_s=self.config.grammar_timeout_s,
+                                                max_source_bytes=self.config.grammar_max_bytes)
             return self._grammar
 
     def compile_constraint(self, constraint: Any) -> CheckedGrammar:
@@ -128,8 +131,13 @@ class Engine:
         input_ids: list[int] | None = None,
         request_id: str | None = None,
         callback: OutputCallback | None = None,
+        tenant: str | None = None,
+        priority: Priority = "interactive",
     ) -> str:
         """Validate and queue one request; returns its id. Thread-safe.
+
+        ``tenant`` (who asks) and ``priority`` ("interactive" | "batch") steer the fair
+        scheduler (``EngineConfig.fair_scheduling``); they never change the output.
 
         Raises:
             InvalidRequestError / PromptTooLongError: for input that can never be served.
@@ -144,8 +152,13 @@ class Engine:
                 f"prompt has {len(ids)} tokens; max_model_len is {self.max_model_len} "
                 "(the prompt must leave room for at least one generated token)"
             )
+        if priority not in PRIORITIES:
+            raise InvalidRequestError(f"priority must be one of {', '.join(PRIORITIES)}, got {priority!r}")
+        if tenant is not None and not isinstance(tenant, str):
+            raise InvalidRequestError(f"tenant must be a string, got {type(tenant).__name__}")
         rid = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
-        self._core.submit(Request(rid, ids, params), callback, self._start_grammar(params))
+        request = Request(rid, ids, params, tenant=tenant, priority=priority)
+        self._core.submit(request, callback, self._start_grammar(params))
         return rid
 
     def _start_grammar(self, params: SamplingParams) -> Future[CheckedGrammar] | None:
@@ -163,6 +176,7 @@ class Engine:
         if prompt is not None:
             if not isinstance(prompt, str):
                 raise InvalidRequestError(f"prompt must be a string, got {type(prompt).__name__}")
+            check_unicode(prompt, "the prompt")
             ids: list[int] = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
         else:
             ids = list(input_ids or [])
@@ -241,6 +255,8 @@ class Engine:
         *,
         input_ids: list[int] | None = None,
         request_id: str | None = None,
+        tenant: str | None = None,
+        priority: Priority = "interactive",
     ) -> AsyncIterator[RequestOutput]:
         """Yield a ``RequestOutput`` per step (deltas since the last); the last is final.
 
@@ -256,7 +272,7 @@ class Engine:
                 loop.call_soon_threadsafe(queue.put_nowait, out)
 
         rid = self.add_request(prompt, sampling_params, input_ids=input_ids, request_id=request_id,
-                               callback=deliver)
+                               callback=deliver, tenant=tenant, priority=priority)
         finished = False
         try:
             while not finished:
@@ -274,15 +290,29 @@ class Engine:
         *,
         input_ids: list[int] | None = None,
         request_id: str | None = None,
+        tenant: str | None = None,
+        priority: Priority = "interactive",
     ) -> RequestOutput:
         """The final output of one request, awaited."""
         return await final_output(self.generate_stream(prompt, sampling_params, input_ids=input_ids,
-                                                       request_id=request_id))
+                                                       request_id=request_id, tenant=tenant,
+                                                       priority=priority))
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """Render ``messages`` with the model's chat template."""
-        return str(self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt))
+        """Render ``messages`` with the model's chat template.
+
+        Raises:
+            InvalidRequestError: the template cannot render them (no messages, a message
+                without role or content, content that is not text...).
+        """
+        if not messages:
+            raise InvalidRequestError("there are no messages to render")
+        try:
+            return str(self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt))
+        except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise InvalidRequestError(f"the chat template cannot render these messages: "
+                                      f"{type(exc).__name__}: {exc}") from None
 
     def score(self, input_ids: list[int]) -> torch.Tensor:  # [len(input_ids), vocab] fp32
         """Logits of every position of ``input_ids`` (row ``i``: the token after

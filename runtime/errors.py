@@ -21,3 +21,14 @@ class ModelLoadError(ArborError):
 
 class EngineClosedError(ArborError, RuntimeError):
     """The engine was shut down; no further requests are accepted."""
+
+
+def check_unicode(text: str, what: str) -> None:
+    """Raise ``InvalidRequestError`` unless ``text`` is valid Unicode: a lone UTF-16
+    surrogate (``"\\udcff"``, which ``json.loads`` lets through) cannot be tokenized."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequestError(
+            f"{what} holds a lone UTF-16 surrogate at index {exc.start}, which is not valid "
+            "Unicode text") from None

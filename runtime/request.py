@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Literal
 
 from runtime.cache.prefix_cache import EMPTY_MATCH, PrefixMatch
 from runtime.outputs import FinishReason
 from runtime.sampling_params import SamplingParams
+
+# Priority classes, best first: under fair scheduling an interactive request is admitted
+# (and prefilled) before any batch request, and may take a batch request's running slot.
+Priority = Literal["interactive", "batch"]
+PRIORITIES: tuple[Priority, ...] = ("interactive", "batch")
 
 
 class RequestStatus(enum.Enum):
@@ -22,8 +28,8 @@ class Request:
 
     Every field has one writer:
 
-    - the engine sets ``request_id``, ``prompt_ids`` and ``params`` at submission; they
-      never change;
+    - the engine sets ``request_id``, ``prompt_ids``, ``params``, ``tenant`` and
+      ``priority`` at submission; they never change;
     - the output processor appends to ``output_ids`` and sets ``finish_reason`` (once);
     - the scheduler owns admission and KV: ``arrival``, ``status``, ``prefix``, ``pages``,
       ``num_computed``, ``num_cached_tokens``, ``num_retractions``, ``admitted_once``.
@@ -40,6 +46,8 @@ class Request:
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
+    tenant: str | None = None  # who asked (fair share between tenants); None: anonymous
+    priority: Priority = "interactive"
     # ---- the output processor's ----
     output_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
@@ -52,6 +60,11 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens served by the cache at first admission
     num_retractions: int = 0
     admitted_once: bool = False
+
+    @property
+    def priority_rank(self) -> int:
+        """0 for the best class (``PRIORITIES`` order)."""
+        return PRIORITIES.index(self.priority)
 
     @property
     def all_ids(self) -> list[int]:

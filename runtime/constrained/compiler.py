@@ -31,6 +31,7 @@ from runtime.constrained.matcher import CompiledGrammar, GrammarBackend
 from runtime.constrained.registry import backend_class, create_backend, default_backend_name
 
 DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_MAX_SOURCE_BYTES = 256 * 1024  # a constraint's canonical source (schema JSON, regex, Lark)
 
 
 class GrammarCompiler:
@@ -46,6 +47,7 @@ class GrammarCompiler:
         max_workers: int = 2,
         max_cached: int = 256,
         backends: dict[str, GrammarBackend] | None = None,
+        max_source_bytes: int = DEFAULT_MAX_SOURCE_BYTES,
     ) -> None:
         """
         Args:
@@ -58,6 +60,8 @@ class GrammarCompiler:
             max_cached: compiled grammars kept (least recently used dropped first).
             backends: already-built backends by name, used instead of building them
                 (share one across compilers; inject a fake in tests).
+            max_source_bytes: bound on a constraint's canonical source, in UTF-8 bytes;
+                a larger one is refused (ConstraintError) before any compile work.
         """
         if backend is not None:
             backend_class(backend)  # fail fast on an unknown name
@@ -65,6 +69,7 @@ class GrammarCompiler:
         self.vocab_size = vocab_size or len(hf_tokenizer)
         self.forced_backend = backend
         self.timeout_s = timeout_s
+        self.max_source_bytes = max_source_bytes
         self.max_cached = max_cached
         self._backends: dict[str, GrammarBackend] = dict(backends or {})
         self._cache: OrderedDict[tuple[str, str], Future[CheckedGrammar]] = OrderedDict()
@@ -93,6 +98,7 @@ class GrammarCompiler:
         """
         try:
             normal = to_constraint(constraint)
+            self._check_size(normal)
         except ConstraintError as exc:
             return _failed(exc)
         cache_key = (self.backend_name_for(normal), normal.key)
@@ -106,6 +112,12 @@ class GrammarCompiler:
             while len(self._cache) > self.max_cached:
                 self._cache.popitem(last=False)
         return future
+
+    def _check_size(self, constraint: Constraint) -> None:
+        size = len(constraint.canonical_text().encode("utf-8", "surrogatepass"))
+        if size > self.max_source_bytes:
+            raise ConstraintError(f"the {constraint.kind} constraint is {size} bytes; the limit is "
+                                  f"{self.max_source_bytes} (grammar_max_bytes)")
 
     def compile(self, constraint: Any, timeout_s: float | None = None) -> CheckedGrammar:
         """Compile and wait; raises ConstraintError (invalid, unsupported, timed out)."""

@@ -1,8 +1,17 @@
-"""Orders in which waiting requests are considered for admission."""
+"""Orders in which waiting requests are considered for admission.
+
+A base policy (FCFS, longest prefix match) orders requests of one class. ``FairPolicy``
+wraps one: priority classes first (interactive before batch), and inside a class the
+tenants take turns, the tenant holding the fewest running requests first (max-min fair
+share of the running slots); each tenant's own requests keep the base order.
+"""
 
 from __future__ import annotations
 
+import heapq
 from abc import ABC, abstractmethod
+from collections import Counter, defaultdict
+from collections.abc import Sequence
 
 from runtime.cache.prefix_cache import PrefixCache
 from runtime.request import Request
@@ -14,30 +23,98 @@ LPM_MAX_WAITING = 128
 
 class SchedulePolicy(ABC):
     @abstractmethod
-    def order(self, waiting: list[Request], cache: PrefixCache) -> list[Request]:
+    def order(self, waiting: list[Request], cache: PrefixCache,
+              running: Sequence[Request] = ()) -> list[Request]:
         """The waiting requests in the order admission should try them."""
+
+    def rank(self, request: Request) -> int:
+        """The request's class (0 best): a better class is prefilled and admitted first.
+        A base policy has one class."""
+        return 0
+
+    def victim(self, waiting: Request, running: Sequence[Request]) -> Request | None:
+        """A running request that ``waiting`` may displace when the running batch is
+        full (it is retracted and re-queued), or None. A base policy never preempts."""
+        return None
 
 
 class FCFSPolicy(SchedulePolicy):
     """First come, first served (retracted requests keep their original place)."""
 
-    def order(self, waiting: list[Request], cache: PrefixCache) -> list[Request]:
+    def order(self, waiting: list[Request], cache: PrefixCache,
+              running: Sequence[Request] = ()) -> list[Request]:
         return sorted(waiting, key=lambda r: r.arrival)
 
 
 class LongestPrefixMatchPolicy(SchedulePolicy):
     """Longest cached prefix first (cache-aware); ties by arrival."""
 
-    def order(self, waiting: list[Request], cache: PrefixCache) -> list[Request]:
+    def order(self, waiting: list[Request], cache: PrefixCache,
+              running: Sequence[Request] = ()) -> list[Request]:
         if len(waiting) > LPM_MAX_WAITING:
             return FCFSPolicy().order(waiting, cache)
         matched = {id(r): cache.match_prefix(r.all_ids[:-1]).num_tokens for r in waiting}
         return sorted(waiting, key=lambda r: (-matched[id(r)], r.arrival))
 
 
-def make_policy(name: str) -> SchedulePolicy:
+class FairPolicy(SchedulePolicy):
+    """Priority classes, then tenants in turn, then ``base`` order within a tenant.
+
+    Example, tenant A holding 3 running slots and B none, waiting ``a1 a2 b1 b2`` in base
+    order, all one class: ``b1 b2 a1 a2`` until B holds as many slots as A, then they
+    alternate. An interactive request displaces the newest running batch request when
+    the batch is full (``victim``); requests of one class never displace each other.
+    """
+
+    def __init__(self, base: SchedulePolicy) -> None:
+        self.base = base
+
+    def rank(self, request: Request) -> int:
+        return request.priority_rank
+
+    def order(self, waiting: list[Request], cache: PrefixCache,
+              running: Sequence[Request] = ()) -> list[Request]:
+        base = self.base.order(waiting, cache, running)
+        slots = Counter(r.tenant for r in running)
+        queues: dict[tuple[int, str | None], list[Request]] = defaultdict(list)
+        for r in base:
+            queues[(r.priority_rank, r.tenant)].append(r)
+        position = {id(r): i for i, r in enumerate(base)}
+        ordered: list[Request] = []
+        for rank in sorted({k[0] for k in queues}):
+            ordered += _take_turns({t: q for (c, t), q in queues.items() if c == rank}, slots, position)
+        return ordered
+
+    def victim(self, waiting: Request, running: Sequence[Request]) -> Request | None:
+        worse = [r for r in running if r.priority_rank > waiting.priority_rank]
+        # NOTE: the worst class, newest first: it has the least work to lose.
+        return max(worse, key=lambda r: (r.priority_rank, r.arrival), default=None)
+
+
+def _take_turns(queues: dict[str | None, list[Request]], slots: Counter[str | None],
+                position: dict[int, int]) -> list[Request]:
+    """Merge per-tenant queues: next is always the tenant with the fewest slots (counting
+    the ones handed out here), ties by the base order of its head."""
+    heap = [(slots[t], position[id(q[0])], i, t) for i, (t, q) in enumerate(queues.items())]
+    heapq.heapify(heap)
+    heads = dict.fromkeys(queues, 0)
+    merged = []
+    while heap:
+        used, _, i, tenant = heapq.heappop(heap)
+        queue = queues[tenant]
+        merged.append(queue[heads[tenant]])
+        heads[tenant] += 1
+        if heads[tenant] < len(queue):
+            heapq.heappush(heap, (used + 1, position[id(queue[heads[tenant]])], i, tenant))
+    return merged
+
+
+def make_policy(name: str, fair: bool = False) -> SchedulePolicy:
+    """The base policy ``name`` ("fcfs" | "lpm"), wrapped in ``FairPolicy`` when ``fair``."""
     if name == "fcfs":
-        return FCFSPolicy()
-    if name == "lpm":
-        return LongestPrefixMatchPolicy()
-    raise ValueError(f"unknown schedule policy {name!r}")
+        base: SchedulePolicy = FCFSPolicy()
+    elif name == "lpm":
+        base = LongestPrefixMatchPolicy()
+    else:
+        raise ValueError(f"unknown schedule policy {name!r}")
+    return FairPolicy(base) if fair else base

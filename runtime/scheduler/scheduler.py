@@ -9,7 +9,15 @@ The algorithm, once per step (``schedule``):
    cannot cover that, retract the most recently admitted running requests until they
    can: a retracted request's KV goes to the prefix cache, it keeps its output and is
    re-queued first in line, so it resumes from the cache (or recomputes) later.
-2. Prefill. Continue requests whose prompt is part-way prefilled (chunked prefill), then
+   Priority room: while the running batch is full and a waiting request outranks a
+   running one (``policy.victim``: an interactive request, a batch one), retract that one.
+2. Prefill, class by class (``policy.rank``; a base policy has one class: 0). While
+   only worse-class requests decode, the budget is the large one, but a worse class
+   gets at most the small one whenever anything decodes or a best-class request is in
+   the engine (no long batch step in front of an interactive arrival); a step that prefills a
+   best-class prompt carries no worse-class work at all (their decodes wait one step),
+   so an interactive request's first token costs what it costs on an idle engine. Continue
+   requests whose prompt is part-way prefilled (chunked prefill), then
    admit waiting requests in policy order while the prefill token budget (small while
    others decode, so their inter-token latency holds; large otherwise), the running
    cap and the pool (free + evictable, minus decode reservations) allow. A prompt longer
@@ -100,17 +108,40 @@ class Scheduler:
             drafts: proposed speculative drafts by request id (decoding requests only).
         """
         drafts = self._drafts_that_fit(drafts or {})
-        retracted = self._make_decode_room(drafts)
+        retracted = self._make_decode_room(drafts) + self._make_priority_room()
         decoding = self.decoding
         decode = [r for r in decoding if not drafts.get(r.request_id)]
         verify = [VerifyItem(r, tuple(drafts[r.request_id])) for r in decoding if drafts.get(r.request_id)]
         decode_pages = self._decode_growth(drafts)
-        tokens = self.chunked_prefill_size if decoding else self.max_prefill_tokens
+        # NOTE: the small budget protects the inter-token latency of best-class streams:
+        # while only worse-class (batch) requests decode, a best-class prompt is prefilled
+        # whole; worse-class prompts stay in small chunks whenever anything decodes.
+        protected = any(self.policy.rank(r) == 0 for r in decoding)
+        tokens = self.chunked_prefill_size if protected else self.max_prefill_tokens
         budget = _StepBudget(max(tokens, self._deferred_budget), self._available_pages() - decode_pages)
         self._deferred_budget = 0
-        prefill = self._continue_prefills(budget) + self._admit(budget)
+        best_present = any(self.policy.rank(r) == 0 for r in [*self.running, *self.waiting])
+        prefill: list[PrefillItem] = []
+        for rank in sorted({self.policy.rank(r) for r in [*self.running, *self.waiting]}):
+            if rank > 0 and prefill:
+                break  # NOTE: a step that prefills best-class prompts carries no worse-class work
+            prefill += self._prefill_class(budget, rank, capped=rank > 0 and (bool(decoding) or best_present))
+        if any(self.policy.rank(i.request) == 0 for i in prefill):
+            decode = [r for r in decode if self.policy.rank(r) == 0]
+            verify = [v for v in verify if self.policy.rank(v.request) == 0]
         self._allocate(prefill, decode, verify)
         return ScheduledBatch.build(prefill, decode, verify, retracted)
+
+    def _prefill_class(self, budget: _StepBudget, rank: int, capped: bool) -> list[PrefillItem]:
+        """Continue, then admit, the prefills of class ``rank``; ``capped``: at most
+        ``chunked_prefill_size`` of the budget (a worse class while others decode)."""
+        share = _StepBudget(min(budget.tokens, self.chunked_prefill_size) if capped else budget.tokens,
+                            budget.pages)
+        before = share.tokens
+        items = self._continue_prefills(share, rank) + self._admit(share, rank)
+        budget.tokens -= before - share.tokens
+        budget.pages = share.pages
+        return items
 
     def _drafts_that_fit(self, drafts: Mapping[str, list[int]]) -> Mapping[str, list[int]]:
         """Speculation never costs a retraction: drop every draft when pages run short."""
@@ -144,6 +175,18 @@ class Scheduler:
         self.running.remove(request)
         self.waiting.insert(0, request)
 
+    def _make_priority_room(self) -> list[Request]:
+        if len(self.running) < self.max_running:
+            return []
+        retracted = []
+        for r in self.policy.order(self.waiting, self.cache, self.running):
+            victim = self.policy.victim(r, self.running)
+            if victim is None:
+                break
+            self._retract(victim)
+            retracted.append(victim)
+        return retracted
+
     def _reserved_pages(self) -> int:
         """Pages held back for the decode growth of running requests."""
         return sum(self._reserve_for(r) for r in self.running)
@@ -152,10 +195,10 @@ class Scheduler:
         left = request.params.max_new_tokens - len(request.output_ids)
         return self.pool.pages_for_tokens(max(0, min(self.decode_reserve_tokens, left)))
 
-    def _continue_prefills(self, budget: _StepBudget) -> list[PrefillItem]:
+    def _continue_prefills(self, budget: _StepBudget, rank: int) -> list[PrefillItem]:
         items = []
         for r in sorted(self.running, key=lambda r: self._admitted_at[id(r)]):
-            if r.is_decoding or budget.tokens <= 0:
+            if r.is_decoding or budget.tokens <= 0 or self.policy.rank(r) != rank:
                 continue
             n = min(r.num_remaining, budget.tokens)
             need = self._pages_to_grow(r, n)
@@ -166,10 +209,12 @@ class Scheduler:
             budget.pages -= need
         return items
 
-    def _admit(self, budget: _StepBudget) -> list[PrefillItem]:
+    def _admit(self, budget: _StepBudget, rank: int) -> list[PrefillItem]:
         items: list[PrefillItem] = []
         admitted_ids: list[list[int]] = []
-        for r in self.policy.order(self.waiting, self.cache):
+        for r in self.policy.order(self.waiting, self.cache, self.running):
+            if self.policy.rank(r) != rank:
+                continue
             if budget.tokens <= 0 or len(self.running) >= self.max_running:
                 break
             match = self.cache.match_prefix(r.all_ids[: self._match_limit(r)])

@@ -1,14 +1,15 @@
 """``create_app``: the FastAPI app around one engine.
 
 The app only translates between wire schemas (``protocol.py``) and engine requests; the
-engine's own background thread runs every step. Middleware, outermost first: body size
-limit (413), API key (401, all routes but ``/health``; ``/ui`` also by cookie), tenant
-(``tenant.py``: who the request is for, for the latency labels).
+engine's own background thread runs every step. Middleware, outermost first: the version
+headers (``X-Arbor-Model``, ``X-Arbor-Config-Version``) on every answer, body size limit
+(413) and lone-surrogate check (400), API key (401, all routes but ``/health``; ``/ui``
+also by cookie). Tenant and priority come from each request (``tenants.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -23,7 +24,7 @@ from runtime.server.hosting import HostedProgram
 from runtime.server.limits import AdmissionGate, BodyLimitMiddleware, ServerLimits
 from runtime.server.metrics import ServerMetrics
 from runtime.server.serving import ServerContext
-from runtime.server.tenant import TenantMiddleware
+from runtime.server.versions import VersionHeadersMiddleware, VersionLabels
 
 
 def create_app(
@@ -31,7 +32,7 @@ def create_app(
     programs: dict[str, HostedProgram] | None = None,
     api_key: str | None = None,
     limits: ServerLimits | None = None,
-    model_name: str | None = None,
+    model_name: str | Sequence[str] | None = None,
 ) -> FastAPI:
     """Build the HTTP app for ``engine``.
 
@@ -41,14 +42,18 @@ def create_app(
             objects of a file); the only programs clients can run.
         api_key: when set, every route but ``/health`` needs ``Authorization: Bearer <key>``.
         limits: body size, token caps, timeouts and queue bounds (defaults: ``ServerLimits()``).
-        model_name: the id served by ``/v1/models`` (default: the engine's model setting).
+        model_name: the id served by ``/v1/models`` (default: the engine's model setting),
+            or several (the first is the one answers name); a request's ``model`` must be
+            one of them (else 404).
     """
     limits = limits or ServerLimits()
     gate = AdmissionGate(limits)
+    names = (model_name,) if isinstance(model_name, str) else tuple(model_name or (engine.config.model,))
+    versions = VersionLabels(names[0], engine.config.version())
     metrics = ServerMetrics(engine.metrics, lambda: {"requests_inflight": gate.num_inflight,
-                                                     "requests_waiting_first_token": gate.num_waiting})
-    ctx = ServerContext(engine, model_name or engine.config.model, limits, gate, metrics,
-                        dict(programs or {}))
+                                                     "requests_waiting_first_token": gate.num_waiting},
+                            versions.labels())
+    ctx = ServerContext(engine, names[0], limits, gate, metrics, dict(programs or {}), names)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -66,16 +71,17 @@ def create_app(
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": ctx.model_name, "requests_inflight": gate.num_inflight}
+        return {"status": "closing" if gate.closing else "ok", "model": ctx.model_name,
+                "config_version": versions.config_version, "requests_inflight": gate.num_inflight}
 
     @app.get("/metrics")
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    app.add_middleware(TenantMiddleware)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key, login_page=ui.LOGIN_PAGE)
     app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes)
+    app.add_middleware(VersionHeadersMiddleware, versions=versions)
     return app
 
 

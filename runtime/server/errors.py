@@ -2,7 +2,8 @@
 
     InvalidRequestError, PromptTooLongError, ConstraintError  → 400
     pydantic / FastAPI validation (wrong types, malformed JSON) → 422 (400 for bad JSON)
-    ProgramNotFoundError                                      → 404
+    ProgramNotFoundError, ModelNotFoundError                  → 404
+    ProgramLimitExceededError (a run past its bounds)         → 422
     GenerationFailedError, ProgramRunFailedError              → 500
     Overloaded                                                → 429 / 503
     EngineClosedError                                         → 503
@@ -13,6 +14,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI
@@ -23,9 +25,15 @@ from starlette.requests import Request
 
 from grammars import ConstraintError
 from runtime.errors import EngineClosedError, InvalidRequestError, PromptTooLongError
-from runtime.server.hosting import ProgramRunFailedError
+from runtime.outputs import RequestOutput
+from runtime.server.hosting import ProgramLimitExceededError, ProgramRunFailedError
 from runtime.server.limits import Overloaded, error_body
-from runtime.server.serving import ClientGoneError, RequestTimeoutError, ServerContext
+from runtime.server.serving import (
+    ClientGoneError,
+    ModelNotFoundError,
+    RequestTimeoutError,
+    ServerContext,
+)
 
 log = logging.getLogger("arbor.server")
 
@@ -36,6 +44,16 @@ class ProgramNotFoundError(LookupError):
 
 class GenerationFailedError(Exception):
     """The engine finished the request with an error (``RequestOutput.error``)."""
+
+
+def raise_if_failed(ctx: ServerContext, out: RequestOutput) -> None:
+    """An engine output that failed, as an exception: 503 when the server is shutting down
+    (the engine was closed under the request at the shutdown deadline), else 500."""
+    if out.error is None:
+        return
+    if ctx.gate.closing:
+        raise EngineClosedError(f"the server is shutting down: {out.error}")
+    raise GenerationFailedError(f"generation failed: {out.error}")
 
 
 def classify(exc: BaseException) -> tuple[int, str]:
@@ -55,6 +73,8 @@ def _table() -> list[tuple[type[Exception], int, str]]:
         (InvalidRequestError, 400, "invalid_request_error"),
         (ConstraintError, 400, "invalid_constraint"),
         (ProgramNotFoundError, 404, "not_found_error"),
+        (ProgramLimitExceededError, 422, "program_limit"),
+        (ModelNotFoundError, 404, "model_not_found"),
         (EngineClosedError, 503, "service_unavailable"),
         (RequestTimeoutError, 504, "timeout"),
         (ClientGoneError, 499, "client_closed_request"),
@@ -66,15 +86,16 @@ def _table() -> list[tuple[type[Exception], int, str]]:
 def install_error_handlers(app: FastAPI, ctx: ServerContext) -> None:
     """Register the table above on ``app``; every error is also counted by kind."""
 
-    def answer(status: int, kind: str, message: str) -> JSONResponse:
+    def answer(status: int, kind: str, message: str,
+               headers: dict[str, str] | None = None) -> JSONResponse:
         ctx.metrics.errors.labels(kind).inc()
-        return JSONResponse(error_body(message, kind, status), status_code=status)
+        return JSONResponse(error_body(message, kind, status), status_code=status, headers=headers)
 
     async def on_known(request: Request, exc: Exception) -> JSONResponse:
         status, kind = classify(exc)
         if status == 500:
             log.exception("request %s failed", request.url.path, exc_info=exc)
-        return answer(status, kind, str(exc) or type(exc).__name__)
+        return answer(status, kind, str(exc) or type(exc).__name__, retry_headers(exc))
 
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
@@ -91,6 +112,13 @@ def install_error_handlers(app: FastAPI, ctx: ServerContext) -> None:
     app.add_exception_handler(HTTPException, on_http)
     for cls, _, _ in _table():
         app.add_exception_handler(cls, on_known)
+
+
+def retry_headers(exc: BaseException) -> dict[str, str] | None:
+    """``Retry-After`` (whole seconds, at least 1) for a refusal that says when to retry."""
+    if isinstance(exc, Overloaded) and exc.retry_after is not None:
+        return {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+    return None
 
 
 def _describe(errors: Any) -> str:

@@ -13,6 +13,7 @@ One run, as the server drives it (``programs_api``):
         GenerationDone ...                       one per finished generation, in order
         ProgramOutcome                           last: the variables and the final text
     a failed run raises ProgramRunFailedError    (500 "program_failed")
+        or ProgramLimitExceededError             (422 "program_limit": past its bounds)
 
 Cancellation: the server closes the stream early (``aclose``, or cancelling the task that
 awaits it) when the client leaves or the deadline passes. The implementation must then
@@ -78,6 +79,11 @@ class ProgramRunFailedError(Exception):
     def __init__(self, message: str, trace: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.trace = trace
+
+
+class ProgramLimitExceededError(Exception):
+    """A run went past one of its program's bounds (branches, tool calls): the arguments
+    asked for more than the program allows (HTTP 422)."""
 
 
 @runtime_checkable

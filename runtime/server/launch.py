@@ -21,7 +21,8 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                        help="require 'Authorization: Bearer <key>' on every route but /health")
     group.add_argument("--programs", default=None,
                        help="Python file whose @program objects clients may run")
-    group.add_argument("--served-model-name", default=None, help="id shown by /v1/models")
+    group.add_argument("--served-model-name", default=None, nargs="+",
+                       help="the model id(s) of /v1/models; a request's model must be one (else 404)")
     group.add_argument("--log-level", default="info")
     group.add_argument("--timeout-keep-alive", type=int, default=5,
                        help="seconds an idle HTTP connection stays open")
@@ -33,34 +34,50 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                        help="cap on the tokens one request may ask for")
     group.add_argument("--default-max-tokens", type=int, default=defaults.default_max_tokens)
     group.add_argument("--request-timeout", type=float, default=defaults.request_timeout_s)
+    group.add_argument("--max-prompt-tokens", type=int, default=defaults.max_prompt_tokens,
+                       help="prompt tokens of one request (default: the model's context)")
+    group.add_argument("--tenant-max-concurrent", type=int, default=defaults.tenant_max_concurrent,
+                       help="requests in flight per tenant (X-Tenant header / OpenAI user field)")
+    group.add_argument("--tenant-tokens-per-minute", type=int, default=defaults.tenant_tokens_per_minute,
+                       help="prompt + max_tokens per tenant per minute")
+    group.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout_s,
+                       help="on SIGTERM, seconds in-flight requests may take before they are aborted")
 
 
 def limits_from_args(args: argparse.Namespace) -> ServerLimits:
     return ServerLimits(max_inflight=args.max_inflight, max_waiting=args.max_waiting,
                         max_body_bytes=args.max_body_bytes, max_tokens=args.max_tokens_limit,
                         default_max_tokens=args.default_max_tokens,
-                        request_timeout_s=args.request_timeout, program_timeout_s=args.request_timeout)
+                        request_timeout_s=args.request_timeout, program_timeout_s=args.request_timeout,
+                        max_prompt_tokens=args.max_prompt_tokens,
+                        tenant_max_concurrent=args.tenant_max_concurrent,
+                        tenant_tokens_per_minute=args.tenant_tokens_per_minute,
+                        shutdown_timeout_s=args.shutdown_timeout)
 
 
 def serve(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> int:
     """Build the engine and the app from parsed flags and serve until interrupted."""
     # NOTE: here, not at the top: `arbor --help` and `arbor generate` parse these flags
     # and must not load the web stack (or torch, through the engine) to do so.
-    import uvicorn
-
     from runtime import Engine
     from runtime.server.app import create_app
+    from runtime.server.shutdown import GracefulServer
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     programs = load_programs(args.programs) if args.programs else {}
     engine = Engine(**engine_kwargs)
+    limits = limits_from_args(args)
     app = create_app(engine, programs=programs, api_key=args.api_key,
-                     limits=limits_from_args(args), model_name=args.served_model_name)
-    log.info("serving %s on http://%s:%d (%d programs)", engine.config.model, args.host,
-             args.port, len(programs))
+                     limits=limits, model_name=args.served_model_name)
+    log.info("serving %s on http://%s:%d (%d programs, config version %s)", engine.config.model,
+             args.host, args.port, len(programs), engine.config.version())
+    server = GracefulServer(app, app.state.ctx.gate, engine, limits.shutdown_timeout_s,
+                            host=args.host, port=args.port, log_level=args.log_level.lower(),
+                            timeout_keep_alive=args.timeout_keep_alive)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
-                    timeout_keep_alive=args.timeout_keep_alive, timeout_graceful_shutdown=5)
+        server.run()
     finally:
-        engine.close()
+        engine.close()  # NOTE: aborts (with an error) whatever the drain left
+    log.info("shut down")
     return 0
+

@@ -9,12 +9,16 @@ overloaded) or the engine is closing, the answer is 503. Nothing queues without 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runtime.errors import InvalidRequestError
+from runtime.server.tenants import Caller, TenantLimiter, TenantLimitError
+
+ANONYMOUS = Caller()
 
 
 @dataclass(frozen=True)
@@ -29,13 +33,24 @@ class ServerLimits:
     max_n: int = 16  # choices per OpenAI request
     request_timeout_s: float | None = 600.0  # per-request deadline (a request may ask for less)
     program_timeout_s: float | None = 600.0  # deadline of one program run
+    max_prompt_tokens: int | None = None  # prompt tokens of one request; None: the model's context
+    tenant_max_concurrent: int | None = None  # requests in flight per tenant; beyond: 429
+    tenant_tokens_per_minute: int | None = None  # prompt + max_tokens per tenant; beyond: 429
+    # SIGTERM: stop admitting (503), let requests in flight finish for this long, then
+    # abort the rest and exit 0.
+    shutdown_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         for name in ("max_inflight", "max_waiting", "max_body_bytes", "max_tokens",
-                     "default_max_tokens", "max_n"):
+                     "default_max_tokens", "max_n", "max_prompt_tokens", "tenant_max_concurrent",
+                     "tenant_tokens_per_minute"):
             value = getattr(self, name)
+            if value is None and name in _OPTIONAL:
+                continue
             if not isinstance(value, int) or value < 1:
                 raise InvalidRequestError(f"{name} must be a positive integer, got {value!r}")
+        if not self.shutdown_timeout_s >= 0:
+            raise InvalidRequestError(f"shutdown_timeout_s must be >= 0, got {self.shutdown_timeout_s!r}")
         for name in ("request_timeout_s", "program_timeout_s"):
             value = getattr(self, name)
             if value is not None and not value > 0:
@@ -48,16 +63,23 @@ class ServerLimits:
         return asked if self.request_timeout_s is None else min(asked, self.request_timeout_s)
 
 
-class Overloaded(Exception):
-    """The server refuses new work; ``status`` is 429 (too many in flight) or 503."""
+_OPTIONAL = frozenset({"max_prompt_tokens", "tenant_max_concurrent", "tenant_tokens_per_minute"})
 
-    def __init__(self, status: int, message: str) -> None:
+
+class Overloaded(Exception):
+    """The server refuses new work; ``status`` is 429 (too many in flight, a tenant over
+    its limits) or 503 (overloaded, shutting down). ``retry_after``: seconds, for the
+    ``Retry-After`` header (None: none sent)."""
+
+    def __init__(self, status: int, message: str, retry_after: float | None = 1.0) -> None:
         super().__init__(message)
         self.status = status
+        self.retry_after = retry_after
 
 
 class AdmissionGate:
-    """Counts requests in flight and those still waiting for their first token.
+    """Counts requests in flight (all, and per tenant) and those still waiting for their
+    first token; reserves each tenant's tokens (``tenants.TenantLimiter``).
 
     Only touched from the server's event loop thread, so plain integers suffice.
     """
@@ -67,25 +89,33 @@ class AdmissionGate:
         self.num_inflight = 0
         self.num_waiting = 0
         self.closing = False
+        self.tenants = TenantLimiter(limits.tenant_max_concurrent, limits.tenant_tokens_per_minute)
 
-    def admit(self) -> None:
-        """Take one in-flight slot or raise ``Overloaded``; pair with ``release``."""
+    def admit(self, caller: Caller = ANONYMOUS, tokens: int = 0) -> None:
+        """Take one in-flight slot (and ``tokens`` of the caller's tenant) or raise
+        ``Overloaded``; pair with ``release``."""
         if self.closing:
-            raise Overloaded(503, "the server is shutting down")
+            raise Overloaded(503, "the server is shutting down", retry_after=None)
         if self.num_waiting >= self.limits.max_waiting:
             raise Overloaded(503, f"the engine is overloaded ({self.num_waiting} requests "
                                   "waiting for their first token); retry later")
         if self.num_inflight >= self.limits.max_inflight:
             raise Overloaded(429, f"too many requests in flight (limit {self.limits.max_inflight}); "
                                   "retry later")
+        try:
+            self.tenants.acquire(caller.tenant, tokens)
+        except TenantLimitError as exc:
+            raise Overloaded(429, str(exc), exc.retry_after) from None
         self.num_inflight += 1
 
-    def release(self) -> None:
+    def release(self, caller: Caller = ANONYMOUS, unused_tokens: int = 0) -> None:
         self.num_inflight -= 1
+        self.tenants.release(caller.tenant, unused_tokens)
 
 
 class BodyLimitMiddleware:
-    """Answers 413 for a body over ``max_bytes``, declared (Content-Length) or streamed.
+    """Answers 413 for a body over ``max_bytes``, declared (Content-Length) or streamed,
+    and 400 for a JSON body that holds a lone UTF-16 surrogate (``lone_surrogate``).
 
     The body is read here, up to the limit, before the app sees it, then replayed; later
     ``receive`` calls (disconnect detection) go straight through.
@@ -115,6 +145,11 @@ class BodyLimitMiddleware:
                 await send_error(send, 413, self._message(), "request_too_large")
                 return
 
+        body = b"".join(m.get("body", b"") for m in buffered if m["type"] == "http.request")
+        if (problem := lone_surrogate(body)) is not None:
+            await send_error(send, 400, problem, "invalid_json")
+            return
+
         async def replay() -> Message:
             return buffered.pop(0) if buffered else await receive()
 
@@ -122,6 +157,50 @@ class BodyLimitMiddleware:
 
     def _message(self) -> str:
         return f"request body exceeds {self.max_bytes} bytes"
+
+
+def lone_surrogate(body: bytes) -> str | None:
+    """Why ``body`` is not Unicode text, if a JSON escape in it is a lone UTF-16 surrogate
+    (``"\\udcff"``), else None.
+
+    NOTE: ``json.loads`` accepts such an escape and yields a ``str`` that cannot be encoded
+    (the tokenizer, the log, the answer would all fail later, as a 500); RFC 8259 leaves
+    it to the receiver, and this server refuses it. The body is parsed a second time only
+    when it holds a ``\\uD8``..``\\uDF`` escape, which ordinary text never does.
+    """
+    if not _SURROGATE_ESCAPE.search(body):
+        return None
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        return None  # not JSON: the app answers that itself
+    where = _find_surrogate(value, "body")
+    if where is None:
+        return None
+    return (f"{where} holds a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape), "
+            "which is not valid Unicode text")
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _find_surrogate(value: Any, path: str) -> str | None:
+    """The path of the first string (key or value) in ``value`` that is not valid Unicode."""
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return where
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                stack.append((key, f"{where} (a key)"))
+                stack.append((child, f"{where}.{key}"))
+        elif isinstance(item, list):
+            stack.extend((child, f"{where}[{i}]") for i, child in enumerate(item))
+    return None
 
 
 async def send_error(send: Send, status: int, message: str, kind: str,

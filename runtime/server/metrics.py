@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from runtime.server.run_log import RunLog
 from runtime.server.tenant import TenantLabels
+from runtime.server.versions import LabelledView
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                    10.0, 30.0, 60.0, 120.0)
@@ -73,8 +74,10 @@ class ServerMetrics:
     """The metrics of one app. ``render()`` is the ``/metrics`` body."""
 
     def __init__(self, engine_metrics: Callable[[], dict[str, float]],
-                 gate_state: Callable[[], dict[str, int]], max_tenant_labels: int = 16) -> None:
+                 gate_state: Callable[[], dict[str, int]],
+                 version_labels: dict[str, str] | None = None, max_tenant_labels: int = 16) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.version_labels = version_labels or {}  # on every sample (versions.py)
         r = self.registry
         self.engine_metrics = engine_metrics
         self.gate_state = gate_state
@@ -96,7 +99,7 @@ class ServerMetrics:
         r.register(_EngineCollector(engine_metrics, gate_state))
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(LabelledView(self.registry, self.version_labels))  # type: ignore[arg-type]
 
     def labels(self, endpoint: str, prompt_len: int | None, tenant: str | None) -> tuple[str, str, str]:
         """The label values of one request's latency samples (``LATENCY_LABELS``)."""

@@ -19,7 +19,7 @@ from runtime.errors import InvalidRequestError
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
 from runtime.server import engine_constraints
-from runtime.server.errors import GenerationFailedError, stream_error_event
+from runtime.server.errors import raise_if_failed, stream_error_event
 from runtime.server.protocol import (
     ChatTemplateRequest,
     ChatTemplateResponse,
@@ -44,6 +44,7 @@ from runtime.server.serving import (
     until_disconnect,
 )
 from runtime.server.sse import SSE_DONE, EventStreamResponse, sse
+from runtime.server.tenants import caller_of
 
 
 def to_sampling_params(p: NativeSamplingParams) -> SamplingParams:
@@ -61,13 +62,14 @@ def build_router(ctx: ServerContext) -> APIRouter:
         ids = encode_prompt(engine, body.text) if body.text is not None else list(body.input_ids or [])
         params = to_sampling_params(body.sampling_params)
         check_budget(engine, ctx.limits, len(ids), params.max_new_tokens)
-        group = StreamGroup(ctx, "generate", [(ids, params)], ctx.limits.deadline(body.timeout))
+        group = StreamGroup(ctx, "generate", [(ids, params)], ctx.limits.deadline(body.timeout),
+                            caller_of(request.headers))
         if body.stream:
             [stream] = await group.open()  # 4xx/429/503 before the first byte
             return EventStreamResponse(_stream_events(ctx, stream), group.close)
         async with group as [stream]:
             out = await until_disconnect(request, collect(stream))
-        _raise_if_failed(out)
+        raise_if_failed(ctx, out)
         ctx.metrics.requests.labels("generate", "200").inc()
         return GenerateResponse(text=out.text, output_ids=out.token_ids,
                                 finish_reason=str(out.finish_reason), meta=_meta(out, stream))
@@ -110,7 +112,7 @@ async def _stream_events(ctx: ServerContext, stream: EngineStream) -> AsyncItera
     """SSE body of a streamed ``/generate``; the response's ``on_close`` aborts leftovers."""
     try:
         async for out in stream:
-            _raise_if_failed(out)
+            raise_if_failed(ctx, out)
             chunk = GenerateChunk(delta_text=out.delta_text, delta_token_ids=out.delta_token_ids,
                                   finish_reason=out.finish_reason)
             if out.finished:
@@ -121,10 +123,6 @@ async def _stream_events(ctx: ServerContext, stream: EngineStream) -> AsyncItera
         yield sse(stream_error_event(exc, ctx))
     yield SSE_DONE
 
-
-def _raise_if_failed(out: RequestOutput) -> None:
-    if out.error is not None:
-        raise GenerationFailedError(f"generation failed: {out.error}")
 
 
 def _meta(out: RequestOutput, stream: EngineStream) -> GenerateMeta:

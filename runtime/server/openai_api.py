@@ -21,6 +21,7 @@ from runtime.server.protocol import (
 )
 from runtime.server.serving import ServerContext
 from runtime.server.sse import EventStreamResponse
+from runtime.server.tenants import caller_of
 
 __all__ = ["build_router", "parse_tool_call", "tool_call_schema"]
 
@@ -30,14 +31,15 @@ def build_router(ctx: ServerContext) -> APIRouter:
 
     @router.get("/models")
     async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=ctx.model_name, max_model_len=ctx.engine.max_model_len)])
+        return ModelList(data=[ModelCard(id=name, max_model_len=ctx.engine.max_model_len)
+                               for name in ctx.served_model_names or (ctx.model_name,)])
 
     @router.post("/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> CompletionResponse | EventStreamResponse:
-        return await CompletionEndpoint(ctx, body).serve(request)
+        return await CompletionEndpoint(ctx, body, caller_of(request.headers, body.user)).serve(request)
 
     @router.post("/chat/completions", response_model=None)
     async def chat(body: ChatCompletionRequest, request: Request) -> ChatCompletionResponse | EventStreamResponse:
-        return await ChatEndpoint(ctx, body).serve(request)
+        return await ChatEndpoint(ctx, body, caller_of(request.headers, body.user)).serve(request)
 
     return router

@@ -37,6 +37,7 @@ from runtime.server.protocol import (
 )
 from runtime.server.serving import ServerContext, encode_prompt, new_id
 from runtime.server.sse import EventStreamResponse
+from runtime.server.tenants import Caller
 
 TOOLS_PROMPT = (
     "You can call the following functions. To call one, answer with a single JSON object "
@@ -48,8 +49,8 @@ TOOLS_PROMPT = (
 class ChatEndpoint(Endpoint):
     name = "chat"
 
-    def __init__(self, ctx: ServerContext, body: ChatCompletionRequest) -> None:
-        super().__init__(ctx, body)
+    def __init__(self, ctx: ServerContext, body: ChatCompletionRequest, caller: Caller) -> None:
+        super().__init__(ctx, body, caller)
         self.id = new_id("chatcmpl")
         self.req = body
         tools = body.tools or []
@@ -186,12 +187,18 @@ def _message_dict(m: ChatMessageIn) -> dict[str, Any]:
     else:
         content = m.content or ""
     if m.tool_calls and not content:  # an earlier call, shown as the JSON the model wrote
-        content = "\n".join(json.dumps({"name": c.function.name,
-                                        "arguments": json.loads(c.function.arguments or "{}")})
+        content = "\n".join(json.dumps({"name": c.function.name, "arguments": _arguments(c)})
                             for c in m.tool_calls)
     role = "system" if m.role == "developer" else m.role
     extra = {k: v for k, v in (("name", m.name), ("tool_call_id", m.tool_call_id)) if v is not None}
     return {"role": role, "content": content, **extra}  # NOTE: templates that know them use them
+
+
+def _arguments(call: ToolCallOut) -> Any:
+    try:
+        return json.loads(call.function.arguments or "{}")
+    except json.JSONDecodeError as exc:
+        raise InvalidRequestError(f"tool call {call.id!r}: function.arguments is not JSON ({exc})") from None
 
 
 def tool_call_schema(tools: list[ChatTool]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from runtime.errors import InvalidRequestError
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
 from runtime.server import engine_constraints
-from runtime.server.errors import GenerationFailedError, stream_error_event
+from runtime.server.errors import raise_if_failed, stream_error_event
 from runtime.server.protocol import ResponseFormat, SamplingExtras, Usage
 from runtime.server.serving import (
     EngineStream,
@@ -26,6 +26,7 @@ from runtime.server.serving import (
     until_disconnect,
 )
 from runtime.server.sse import SSE_DONE, EventStreamResponse, sse
+from runtime.server.tenants import Caller
 
 Job = tuple[list[int], SamplingParams]
 
@@ -35,10 +36,12 @@ class Endpoint:
 
     name = "openai"
 
-    def __init__(self, ctx: ServerContext, body: SamplingExtras) -> None:
+    def __init__(self, ctx: ServerContext, body: SamplingExtras, caller: Caller) -> None:
         self.ctx = ctx
         self.body = body
+        self.caller = caller
         self.id = new_id("cmpl")
+        ctx.check_model(body.model)
         self.model = body.model or ctx.model_name
         _refuse_unsupported(body)
         if body.n > ctx.limits.max_n:
@@ -63,14 +66,15 @@ class Endpoint:
             logprobs=logprobs, top_logprobs=top_logprobs, constraint=constraint)
 
     def group(self, jobs: list[Job]) -> StreamGroup:
-        return StreamGroup(self.ctx, self.name, jobs, self.ctx.limits.deadline(self.body.timeout))
+        return StreamGroup(self.ctx, self.name, jobs, self.ctx.limits.deadline(self.body.timeout),
+                           self.caller)
 
     async def finals(self, request: Request, jobs: list[Job]) -> list[RequestOutput]:
         """Run every job to completion (aborted if the client leaves)."""
         async with self.group(jobs) as streams:
             outs = await until_disconnect(request, asyncio.gather(*(collect(s) for s in streams)))
         for out in outs:
-            _raise_if_failed(out)
+            raise_if_failed(self.ctx, out)
         self.ctx.metrics.requests.labels(self.name, "200").inc()
         return list(outs)
 
@@ -83,7 +87,7 @@ class Endpoint:
         finals: dict[int, RequestOutput] = {}
         try:
             async for index, out in _merge(streams):
-                _raise_if_failed(out)
+                raise_if_failed(self.ctx, out)
                 for payload in self.chunks(index, out):
                     yield sse(payload)
                 if out.finished:
@@ -106,10 +110,6 @@ def _refuse_unsupported(b: SamplingExtras) -> None:
     if b.logit_bias:
         raise InvalidRequestError("logit_bias is not supported")
 
-
-def _raise_if_failed(out: RequestOutput) -> None:
-    if out.error is not None:
-        raise GenerationFailedError(f"generation failed: {out.error}")
 
 
 async def _merge(streams: list[EngineStream]) -> AsyncIterator[tuple[int, RequestOutput]]:

@@ -20,13 +20,14 @@ from runtime.server.protocol import (
 )
 from runtime.server.serving import ServerContext, encode_prompt
 from runtime.server.sse import EventStreamResponse
+from runtime.server.tenants import Caller
 
 
 class CompletionEndpoint(Endpoint):
     name = "completions"
 
-    def __init__(self, ctx: ServerContext, body: CompletionRequest) -> None:
-        super().__init__(ctx, body)
+    def __init__(self, ctx: ServerContext, body: CompletionRequest, caller: Caller) -> None:
+        super().__init__(ctx, body, caller)
         self.req = body
         if (body.best_of or 1) > 1 or body.suffix:
             raise InvalidRequestError("best_of and suffix are not supported")

@@ -40,7 +40,7 @@ from runtime.server.metrics import NO_PROMPT, ServerMetrics, TokenTimer, prompt_
 from runtime.server.protocol import ProgramInfo, ProgramResult, ProgramsResponse, Strict
 from runtime.server.serving import Admission, RequestTimeoutError, ServerContext, until_disconnect
 from runtime.server.sse import SSE_DONE, EventStreamResponse, sse
-from runtime.server.tenant import current_tenant
+from runtime.server.tenants import caller_of
 
 GenerationListener = Callable[[GenerationDone], None]
 
@@ -72,10 +72,11 @@ def build_router(ctx: ServerContext) -> APIRouter:
         args = _validate(program, body.arguments)
         timeout = ctx.limits.program_timeout_s if body.timeout is None else min(
             body.timeout, ctx.limits.program_timeout_s or body.timeout)
-        run = _Run(ctx, program, args, timeout, body.trace)
+        admission = Admission(ctx, caller_of(request.headers))
+        run = _Run(ctx, program, args, timeout, admission, body.trace)
         if body.stream:
             return await _stream_run(run)
-        async with Admission(ctx):
+        async with admission:
             return await until_disconnect(request, run.result())
 
     return router
@@ -95,15 +96,16 @@ class _Run:
     gone, deadline passed) closes the program's event stream, which aborts the run."""
 
     def __init__(self, ctx: ServerContext, program: HostedProgram, args: dict[str, Any],
-                 timeout: float | None, include_trace: bool = False) -> None:
+                 timeout: float | None, admission: Admission, include_trace: bool = False) -> None:
         self.ctx = ctx
+        self.admission = admission  # NOTE: a run's tokens are billed as its generations end
         self.program = program
         self.args = args
         self.timeout = timeout
         self.include_trace = include_trace
         self.on_generation: GenerationListener | None = None
         self.run_id = ctx.metrics.runs.new_id()
-        self.labels = ctx.metrics.labels("program", None, current_tenant.get())
+        self.labels = ctx.metrics.labels("program", None, admission.caller.tenant)
 
     async def result(self) -> ProgramResult:
         started = time.monotonic()
@@ -136,6 +138,7 @@ class _Run:
             async for event in events:
                 if isinstance(event, ProgramOutcome):
                     return event
+                self.admission.charge(event.num_completion_tokens)
                 if self.on_generation is not None:
                     self.on_generation(event)
         raise ProgramRunFailedError(f"program {self.program.name} ended without a result")
@@ -177,7 +180,7 @@ async def _stream_run(run: _Run) -> EventStreamResponse:
                            "completion_tokens": done.num_completion_tokens})
 
     run.on_generation = on_generation
-    admission = Admission(ctx)
+    admission = run.admission
     await admission.__aenter__()
     task = asyncio.ensure_future(run.result())
 

@@ -24,8 +24,7 @@ class Lenient(BaseModel):
     """Unknown fields are ignored (OpenAI API: clients send fields we do not use).
 
     OpenAI fields that cannot change what this server returns are left undeclared, so they
-    fall under this rule: ``user`` (an end-user id for the provider's abuse monitoring),
-    ``parallel_tool_calls`` (an answer holds at most one tool call, which both values
+    fall under this rule: ``parallel_tool_calls`` (an answer holds at most one tool call, which both values
     allow), ``store``, ``metadata``, ``service_tier``. Fields that would change the output
     and are not supported are declared and refused with a 400 (``logit_bias``, ``echo``...).
     """
@@ -222,6 +221,7 @@ class SamplingExtras(Lenient):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
+    user: str | None = None  # the tenant, unless the X-Tenant header names one (tenants.py)
     # extensions (vLLM / SGLang names)
     top_k: int = 0
     min_p: float = 0.0

@@ -21,13 +21,13 @@ from typing import TypeVar
 from starlette.requests import Request as HttpRequest
 
 from runtime.engine import Engine
-from runtime.errors import InvalidRequestError, PromptTooLongError
+from runtime.errors import InvalidRequestError, PromptTooLongError, check_unicode
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
 from runtime.server.hosting import HostedProgram
 from runtime.server.limits import AdmissionGate, ServerLimits
 from runtime.server.metrics import ServerMetrics, TokenTimer
-from runtime.server.tenant import current_tenant
+from runtime.server.tenants import Caller
 
 T = TypeVar("T")
 
@@ -42,6 +42,21 @@ class ServerContext:
     gate: AdmissionGate
     metrics: ServerMetrics
     programs: dict[str, HostedProgram] = field(default_factory=dict)  # by name
+    # Every name a request's ``model`` may give (``model_name`` first); like vLLM, any
+    # other name is a 404, never served by the loaded model as if it were asked for.
+    served_model_names: tuple[str, ...] = ()
+
+    def check_model(self, asked: str | None) -> None:
+        """Raise ``ModelNotFoundError`` unless ``asked`` (a request's ``model``) is served;
+        a request without one gets the served model."""
+        if asked is not None and asked not in (self.served_model_names or (self.model_name,)):
+            raise ModelNotFoundError(
+                f"the model {asked!r} does not exist on this server; it serves "
+                f"{', '.join(repr(n) for n in self.served_model_names or (self.model_name,))}")
+
+
+class ModelNotFoundError(LookupError):
+    """A request named a model this server does not serve (HTTP 404)."""
 
 
 class RequestTimeoutError(Exception):
@@ -60,6 +75,7 @@ def encode_prompt(engine: Engine, text: str) -> list[int]:
     """Token ids of a prompt string, as ``Engine.add_request(prompt)`` would compute them."""
     if not text:
         raise InvalidRequestError("the prompt is empty")
+    check_unicode(text, "the prompt")
     ids: list[int] = engine.tokenizer(text, add_special_tokens=True)["input_ids"]
     return ids
 
@@ -69,6 +85,9 @@ def check_budget(engine: Engine, limits: ServerLimits, prompt_len: int, max_new_
     if max_new_tokens > limits.max_tokens:
         raise InvalidRequestError(f"max_tokens is {max_new_tokens}; this server allows at most "
                                   f"{limits.max_tokens}")
+    if limits.max_prompt_tokens is not None and prompt_len > limits.max_prompt_tokens:
+        raise PromptTooLongError(f"the prompt has {prompt_len} tokens; this server allows at most "
+                                 f"{limits.max_prompt_tokens}")
     if prompt_len + max_new_tokens > engine.max_model_len:
         raise PromptTooLongError(
             f"this model's maximum context length is {engine.max_model_len} tokens; the request "
@@ -76,17 +95,22 @@ def check_budget(engine: Engine, limits: ServerLimits, prompt_len: int, max_new_
 
 
 class Admission:
-    """``async with Admission(ctx):`` holds one in-flight slot for the block (429/503 if none)."""
+    """``async with Admission(ctx, caller):`` holds one in-flight slot for the block
+    (429/503 if none). ``charge`` bills the caller's tenant for tokens used meanwhile."""
 
-    def __init__(self, ctx: ServerContext) -> None:
+    def __init__(self, ctx: ServerContext, caller: Caller) -> None:
         self.gate = ctx.gate
+        self.caller = caller
+
+    def charge(self, tokens: int) -> None:
+        self.gate.tenants.charge(self.caller.tenant, tokens)
 
     async def __aenter__(self) -> Admission:
-        self.gate.admit()
+        self.gate.admit(self.caller)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self.gate.release()
+        self.gate.release(self.caller)
 
 
 class StreamGroup:
@@ -96,9 +120,13 @@ class StreamGroup:
     """
 
     def __init__(self, ctx: ServerContext, endpoint: str,
-                 jobs: list[tuple[list[int], SamplingParams]], timeout_s: float | None) -> None:
+                 jobs: list[tuple[list[int], SamplingParams]], timeout_s: float | None,
+                 caller: Caller) -> None:
         self.ctx = ctx
-        self.streams = [EngineStream(ctx, endpoint, ids, p, timeout_s) for ids, p in jobs]
+        self.caller = caller
+        self.streams = [EngineStream(ctx, endpoint, ids, p, timeout_s, caller) for ids, p in jobs]
+        # Tokens reserved from the tenant's budget: every prompt and every max_tokens.
+        self.reserved = sum(len(ids) + p.max_new_tokens for ids, p in jobs)
         self.admitted = False
 
     async def open(self) -> list[EngineStream]:
@@ -109,7 +137,7 @@ class StreamGroup:
         constraints = {id(c): c for s in self.streams if (c := s.params.constraint) is not None}
         for constraint in constraints.values():
             await asyncio.wrap_future(self.ctx.engine.grammar_compiler.compile_async(constraint))
-        self.ctx.gate.admit()
+        self.ctx.gate.admit(self.caller, self.reserved)
         self.admitted = True
         try:
             for stream in self.streams:
@@ -126,7 +154,8 @@ class StreamGroup:
                 stream.submitted = False
         if self.admitted:
             self.admitted = False
-            self.ctx.gate.release()
+            used = sum(len(s.input_ids) + s.num_generated for s in self.streams)
+            self.ctx.gate.release(self.caller, self.reserved - used)
 
     async def __aenter__(self) -> list[EngineStream]:
         return await self.open()
@@ -142,13 +171,15 @@ class EngineStream:
     """
 
     def __init__(self, ctx: ServerContext, endpoint: str, input_ids: list[int],
-                 params: SamplingParams, timeout_s: float | None) -> None:
+                 params: SamplingParams, timeout_s: float | None, caller: Caller) -> None:
         self.ctx = ctx
+        self.caller = caller
+        self.num_generated = 0
         self.endpoint = endpoint
         self.input_ids = input_ids
         self.params = params
         self.request_id = new_id("arbor")
-        self.timer = TokenTimer(ctx.metrics, ctx.metrics.labels(endpoint, len(input_ids), current_tenant.get()))
+        self.timer = TokenTimer(ctx.metrics, ctx.metrics.labels(endpoint, len(input_ids), caller.tenant))
         self.started = time.monotonic()
         self.deadline = None if timeout_s is None else self.started + timeout_s
         self.queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
@@ -163,7 +194,8 @@ class EngineStream:
             loop.call_soon_threadsafe(self.queue.put_nowait, out)
 
         self.ctx.engine.add_request(input_ids=self.input_ids, params=self.params,
-                                    request_id=self.request_id, callback=deliver)
+                                    request_id=self.request_id, callback=deliver,
+                                    tenant=self.caller.tenant, priority=self.caller.priority)
         self.submitted = True
         self.ctx.gate.num_waiting += 1
         self.ctx.metrics.prompt_tokens.inc(len(self.input_ids))
@@ -194,13 +226,15 @@ class EngineStream:
             return await asyncio.wait_for(self.queue.get(), max(0.0, self.deadline - time.monotonic()))
         except TimeoutError:
             raise RequestTimeoutError(
-                f"request timed out after {self.deadline - self.started:.1f} s") from None
+                f"request timed out after {self.deadline - self.started:.3g} s") from None
 
     def _observe(self, out: RequestOutput) -> None:
-        if out.delta_token_ids and self.last_token_at is None:
+        num_new = len(out.delta_token_ids)
+        self.num_generated += num_new
+        if num_new and self.last_token_at is None:
             self.ctx.gate.num_waiting -= 1
             self.last_token_at = time.monotonic()
-        self.timer.observe(len(out.delta_token_ids), out.finished)
+        self.timer.observe(num_new, out.finished)
 
 
 async def until_disconnect(request: HttpRequest, work: Awaitable[T]) -> T:

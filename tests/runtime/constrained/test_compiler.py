@@ -148,3 +148,16 @@ def test_outputs_of_a_backend_that_relaxes_silently_are_always_checked(tokenizer
     check = compiled.check('"a"', "stop", grammar_end=True)
     assert (compiled.approximation, check.valid, check.checked) == (None, False, True)
     compiler.close()
+
+
+def test_a_constraint_over_the_size_bound_is_refused_before_compiling(tokenizer: Any) -> None:
+    slow = SlowBackend()
+    compiler = GrammarCompiler(tokenizer, backend="llguidance", backends={"llguidance": slow},
+                               max_source_bytes=1000)
+    schema = {"type": "object", "properties": {f"field_{i}": {"type": "integer"} for i in range(100)}}
+    with pytest.raises(ConstraintError, match=r"json_schema constraint is \d+ bytes; the limit is 1000"):
+        compiler.compile(schema)
+    with pytest.raises(ConstraintError, match="the limit is 1000"):
+        compiler.compile(RegexConstraint("a" * 2000))
+    assert slow.num_compiles == 0  # refused up front: no compile thread taken
+    compiler.close()

@@ -17,7 +17,7 @@ from runtime.cache.page_pool import PagePool
 from runtime.cache.prefix_cache import PrefixCache
 from runtime.cache.radix_tree import RadixTree
 from runtime.outputs import FinishReason
-from runtime.request import Request
+from runtime.request import Priority, Request
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.batch import ScheduledBatch
 from runtime.scheduler.policy import make_policy
@@ -43,18 +43,21 @@ class Sim:
         chunked_prefill_size: int | None = None,  # None: max_prefill_tokens
         decode_reserve_tokens: int = 0,
         max_model_len: int | None = None,
+        fair: bool = False,
     ) -> None:
         self.pool = PagePool(num_pages, page_size)
         # Like the engine: a request stops at max_model_len tokens, at most the pool's capacity.
         self.max_model_len = max_model_len or (num_pages - 1) * page_size
         self.cache: PrefixCache = RadixTree(self.pool) if prefix_cache else NoPrefixCache(self.pool)
-        self.sched = Scheduler(self.pool, self.cache, make_policy(policy), max_running,
+        self.sched = Scheduler(self.pool, self.cache, make_policy(policy, fair), max_running,
                                max_prefill_tokens, decode_reserve_tokens, chunked_prefill_size)
         self.finished: list[Request] = []
 
-    def add(self, rid: str, prompt_ids: list[int], max_new_tokens: int) -> Request:
+    def add(self, rid: str, prompt_ids: list[int], max_new_tokens: int, *,
+            tenant: str | None = None, priority: Priority = "interactive") -> Request:
         req = Request(rid, list(prompt_ids), SamplingParams(max_new_tokens=max_new_tokens,
-                                                            temperature=0.0))
+                                                            temperature=0.0),
+                      tenant=tenant, priority=priority)
         self.sched.add(req)
         return req
 

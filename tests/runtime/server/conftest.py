@@ -40,7 +40,7 @@ def server(engine: Any, programs: dict[str, Any]) -> Iterator[LiveServer]:
 
     limits = ServerLimits(max_inflight=64, max_body_bytes=256 * 1024, max_tokens=256,
                           request_timeout_s=30.0)
-    app = create_app(engine, programs=programs, api_key=API_KEY, limits=limits)
+    app = create_app(engine, programs=programs, api_key=API_KEY, limits=limits, model_name="m")
     with LiveServer(app) as live:
         yield live
 

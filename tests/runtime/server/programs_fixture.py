@@ -25,3 +25,13 @@ def long_story(s, seed_text: str):
     """One long generation (for cancellation tests)."""
     s += seed_text
     s += gen("story", max_tokens=250, temperature=0, speculation=False)
+
+
+@program(max_branches=4)
+def fan_out(s, n: int):
+    """n greedy branches of two tokens each (at most 4)."""
+    s += "Say something:"
+    branches = s.fork(n)
+    for b in branches:
+        b += gen("x", max_tokens=2, temperature=0)
+    branches.join()

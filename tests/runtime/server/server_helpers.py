@@ -49,11 +49,15 @@ def auth() -> dict[str, str]:
     return {"Authorization": f"Bearer {API_KEY}"}
 
 
+VERSION_LABELS = ("model", "config_version")  # on every sample (runtime/server/versions.py)
+
+
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Prometheus text as ``{(sample name, sorted labels): value}``."""
+    """Prometheus text as ``{(sample name, sorted labels): value}``, without the version
+    labels that every sample carries (``test_versions.py`` checks those)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+    return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k not in VERSION_LABELS))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 

@@ -70,7 +70,8 @@ async def burst(url: str) -> list[list[tuple[int, str]]]:
 def test_200_concurrent_mixed_requests(engine: Any, programs: dict[str, Any]) -> None:
     assert engine.wait_idle(30)
     idle_pages = engine_metric(engine, "kv_pages_used")
-    app = create_app(engine, programs=programs, limits=ServerLimits(max_inflight=48, max_tokens=64))
+    app = create_app(engine, programs=programs, limits=ServerLimits(max_inflight=48, max_tokens=64),
+                     model_name="m")
     with LiveServer(app) as live:
         results = asyncio.run(burst(live.url))
         assert httpx.get(live.url + "/health").json()["requests_inflight"] == 0

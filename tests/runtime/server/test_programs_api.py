@@ -14,7 +14,7 @@ from runtime.server.client import ArborClient
 
 def test_programs_are_listed_with_argument_schemas(http: Any) -> None:
     programs = {p["name"]: p for p in http.get("/programs").json()["programs"]}
-    assert set(programs) == {"qa", "two_steps", "long_story"}
+    assert set(programs) == {"qa", "two_steps", "long_story", "fan_out"}
     schema = programs["qa"]["arguments_schema"]
     assert schema["properties"]["question"]["type"] == "string"
     assert schema["properties"]["max_tokens"] == {"default": 6, "title": "Max Tokens", "type": "integer"}
@@ -71,8 +71,17 @@ def test_bad_program_calls_are_4xx(http: Any, name: str, arguments: dict[str, An
 def test_client_lists_and_runs_programs(server: Any) -> None:
     client = ArborClient(server.url, api_key=API_KEY, timeout=30)
     try:
-        assert {p.name for p in client.list_programs()} == {"qa", "two_steps", "long_story"}
+        assert {p.name for p in client.list_programs()} == {"qa", "two_steps", "long_story", "fan_out"}
         result = client.run_program("qa", question="Why?", max_tokens=3)
         assert set(result.variables) == {"answer"} and result.program == "qa"
     finally:
         client.close()
+
+
+def test_a_run_past_its_bounds_is_a_422_naming_the_bound(http: Any, idle_engine: Any) -> None:
+    ok = http.post("/programs/fan_out", json={"arguments": {"n": 4}})
+    assert ok.status_code == 200, ok.text
+    over = http.post("/programs/fan_out", json={"arguments": {"n": 5}})
+    assert over.status_code == 422, over.text
+    assert over.json()["error"]["type"] == "program_limit"
+    assert "the limit is 4 (max_branches)" in over.json()["error"]["message"]

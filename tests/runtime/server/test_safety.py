@@ -76,7 +76,7 @@ def test_oversize_body_is_413(http: Any) -> None:
 
 
 def test_full_server_answers_429_and_recovers(engine: Any) -> None:
-    app = create_app(engine, limits=ServerLimits(max_inflight=1, max_tokens=256))
+    app = create_app(engine, limits=ServerLimits(max_inflight=1, max_tokens=256), model_name="m")
     long = {"text": "Hi", "stream": True,
             "sampling_params": {"max_new_tokens": 250, "temperature": 0, "ignore_eos": True}}
     with LiveServer(app) as live, httpx.Client(base_url=live.url, timeout=30) as c:
@@ -107,3 +107,52 @@ def test_admission_gate_limits() -> None:
     with pytest.raises(Overloaded) as err:
         gate.admit()
     assert err.value.status == 503
+
+
+@pytest.mark.parametrize(("path", "raw"), [
+    ("/generate", b'{"text": "a\\udcffb", "sampling_params": {"max_new_tokens": 2}}'),
+    ("/v1/completions", b'{"model": "m", "prompt": "\\ud800", "max_tokens": 2}'),
+    ("/v1/chat/completions", b'{"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "x\\uDFFF"}]}'),
+    ("/tokenize", b'{"text": "\\udcff"}'),
+    ("/programs/qa", b'{"arguments": {"question": "\\udcff"}}'),
+])
+def test_a_lone_surrogate_is_a_400_not_a_500(http: Any, path: str, raw: bytes) -> None:
+    r = http.post(path, content=raw, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert "lone UTF-16 surrogate" in r.json()["error"]["message"]
+    paired = raw.replace(b"\\udcff", b"\\ud83d\\ude00").replace(b"\\ud800", b"\\ud83d\\ude00")
+    if paired != raw:  # a surrogate *pair* is an ordinary character (an emoji)
+        assert http.post(path, content=paired, headers={"Content-Type": "application/json"}).status_code == 200
+
+
+def test_engine_refuses_a_lone_surrogate_with_a_typed_error(engine: Any) -> None:
+    from runtime.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match="lone UTF-16 surrogate"):
+        engine.add_request("a\udcff")
+
+
+def test_an_unknown_model_is_a_404(http: Any) -> None:
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                       ("/v1/completions", {"prompt": "hi"})):
+        r = http.post(path, json={**body, "model": "gpt-17", "max_tokens": 2})
+        assert r.status_code == 404, r.text
+        assert r.json()["error"]["type"] == "model_not_found"
+        assert "'gpt-17' does not exist" in r.json()["error"]["message"]
+        assert http.post(path, json={**body, "model": "m", "max_tokens": 2}).status_code == 200
+        assert http.post(path, json={**body, "max_tokens": 2}).status_code == 200  # no model: the served one
+    assert [m["id"] for m in http.get("/v1/models").json()["data"]] == ["m"]
+
+
+@pytest.mark.parametrize(("path", "body", "message"), [
+    ("/apply_chat_template", {"messages": []}, "no messages"),
+    ("/apply_chat_template", {"messages": [{"role": "user"}]}, "chat template cannot render"),
+    ("/apply_chat_template", {"messages": [{"role": "user", "content": 5}]}, "chat template cannot render"),
+    ("/v1/chat/completions", {"model": "m", "max_tokens": 2, "messages": [
+        {"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": "00"}}]}]},
+     "function.arguments is not JSON"),
+])
+def test_fuzzer_found_500s_are_now_400s(http: Any, path: str, body: dict[str, Any], message: str) -> None:
+    r = http.post(path, json=body)
+    assert r.status_code == 400, r.text
+    assert message in r.json()["error"]["message"]

@@ -14,7 +14,8 @@ from server_helpers import API_KEY, LiveServer, samples
 from frontend_dsl import gen, program
 from runtime.server import create_app
 from runtime.server.metrics import LatencyWindow, prompt_bucket
-from runtime.server.tenant import TenantLabels, tenant_of
+from runtime.server.tenant import TenantLabels
+from runtime.server.tenants import tenant_of
 
 
 def test_ui_needs_the_key_and_a_login_sets_a_cookie_for_ui_paths_only(server: Any) -> None:
@@ -124,9 +125,9 @@ def test_latency_histograms_carry_prompt_bucket_and_tenant(http: Any) -> None:
 
 
 def test_tenant_rule_and_bounded_labels() -> None:
-    assert tenant_of({"x-tenant": " t1 "}, {"user": "u"}) == "t1"  # the header wins
-    assert tenant_of({}, {"user": "u"}) == "u"
-    assert tenant_of({}, {"user": 7}) is None and tenant_of({}, None) is None
+    assert tenant_of({"x-tenant": "t1"}, "u") == "t1"  # the header wins
+    assert tenant_of({}, "u") == "u"
+    assert tenant_of({}, None) is None
     labels = TenantLabels(max_labels=2)
     assert [labels.label(t) for t in ("a", "b", "c", "a", None, "bad label!", "other")] == [
         "a", "b", "other", "a", "none", "other", "other"]

@@ -1,0 +1,99 @@
+"""Graceful shutdown of a real ``arbor serve`` process: SIGTERM stops admission, a short
+request in flight finishes, a long one is aborted at the deadline, the process exits 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from server_helpers import free_port
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def start_server(model_dir: Path, *flags: str) -> tuple[subprocess.Popen[bytes], str]:
+    """``arbor serve`` on 127.0.0.1 in a child process; returns it and its URL once healthy."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "runtime.cli", "serve", "--model", str(model_dir), "--host", "127.0.0.1",
+           "--port", str(port), "--num-threads", "1", "--num-pages", "2048", "--max-model-len", "1024",
+           "--log-level", "warning", "--served-model-name", "m", *flags]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited: {proc.stdout.read().decode() if proc.stdout else ''}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("server did not start")
+
+
+def read_stream(url: str, max_new_tokens: int, started: threading.Event, result: dict[str, Any]) -> None:
+    body = {"text": "Hello", "stream": True, "sampling_params": {
+        "max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True, "speculation": False}}
+    tokens = 0
+    try:
+        with httpx.stream("POST", url + "/generate", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    event = json.loads(line[6:])
+                    if "error" in event:
+                        result["error_event"] = event["error"]["message"]
+                    tokens += len(event.get("delta_token_ids", []))
+                    result["finish_reason"] = event.get("finish_reason")
+                    started.set()
+                elif line == "data: [DONE]":
+                    result["done"] = True
+    except httpx.HTTPError as exc:  # cut by the server at the deadline
+        result["error"] = repr(exc)
+    result["tokens"] = tokens
+    started.set()
+
+
+@pytest.mark.slow
+def test_sigterm_drains_then_aborts_at_the_deadline_and_exits_0(tiny_llama_dir: Path) -> None:
+    proc, url = start_server(tiny_llama_dir, "--shutdown-timeout", "1.5")
+    try:
+        short: dict[str, Any] = {}
+        long: dict[str, Any] = {}
+        short_started, long_started = threading.Event(), threading.Event()
+        threads = [threading.Thread(target=read_stream, args=(url, 1000, long_started, long)),
+                   threading.Thread(target=read_stream, args=(url, 24, short_started, short))]
+        threads[0].start()
+        assert long_started.wait(30)
+        threads[1].start()
+        assert short_started.wait(30)
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        with pytest.raises(httpx.HTTPError):  # no longer listening: admission stopped
+            httpx.post(url + "/generate", json={"text": "Hi"}, timeout=5).raise_for_status()
+        for t in threads:
+            t.join(30)
+        code = proc.wait(30)
+        elapsed = time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = proc.stdout.read().decode() if proc.stdout else ""
+    assert code == 0, log
+    assert short.get("done") and short["finish_reason"] == "length" and short["tokens"] == 24, short
+    # Aborted at the deadline, with a clean last event saying why.
+    assert long["tokens"] < 1000 and long.get("done"), long
+    assert "the engine was closed" in long["error_event"], long
+    assert elapsed < 1.5 + 10, elapsed  # the deadline, plus closing the engine
+    assert "Traceback" not in log, log
