@@ -86,8 +86,12 @@ def test_dp_serves_the_whole_api_and_keeps_a_prefix_on_one_worker(dp: dict[str, 
         homes.add(resp.headers["x-arbor-worker"])
         cached.append(resp.json()["meta"]["cached_tokens"])
     assert len(homes) == 1 and min(cached) >= 60  # the ~80-token system prompt came from the cache
+    served = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+    unknown = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+        "model": "not-served", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    assert unknown.status_code == 404  # the worker's answer, relayed
     chat = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
-        "model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        "model": served, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
     assert chat.status_code == 200 and chat.json()["choices"][0]["message"]["role"] == "assistant"
     names = {p["name"] for p in httpx.get(f"{url}/programs", timeout=10).json()["programs"]}
     assert {"qa", "two_steps"} <= names
