@@ -66,7 +66,9 @@ class EngineConfig:
     spec_fixed_cost_rows: float | None = None
     grammar_backend: str = "auto"  # constrained decoding engine ("auto" = best per kind)
     grammar_timeout_s: float = 30.0  # bound on one grammar compilation (then ConstraintError)
-    grammar_max_bytes: int = 256 * 1024  # bound on a constraint's source (schema, regex, Lark)
+    # Bound on a constraint's source (schema JSON, regex, Lark). Real schemas reach ~0.9 MB
+    # (JSONSchemaBench's Kubernetes ones), so 2 MiB; the compile timeout bounds the rest.
+    grammar_max_bytes: int = 2 * 1024 * 1024
     seed: int = 0  # seed of the engine's generator for requests without their own seed
     # CPU fp32: reorder every linear weight once for oneDNN (2-3x faster decode matmuls;
     # False: plain F.linear, the baseline). Ignored on CUDA and without oneDNN.

@@ -31,7 +31,7 @@ from runtime.constrained.matcher import CompiledGrammar, GrammarBackend
 from runtime.constrained.registry import backend_class, create_backend, default_backend_name
 
 DEFAULT_TIMEOUT_S = 30.0
-DEFAULT_MAX_SOURCE_BYTES = 256 * 1024  # a constraint's canonical source (schema JSON, regex, Lark)
+DEFAULT_MAX_SOURCE_BYTES = 2 * 1024 * 1024  # a constraint's canonical source (EngineConfig.grammar_max_bytes)
 
 
 class GrammarCompiler:

@@ -27,7 +27,7 @@ def test_arbor_trace_writes_json_otlp_and_svg(tiny_llama_dir: Path, tmp_path: Pa
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    ([], "has 3 programs"),
+    ([], "has 4 programs"),
     (["--program", "nope"], "has no program 'nope'"),
     (["--program", "qa", "--args", "[1]"], "--args must be a JSON object"),
     (["--program", "qa", "--args", "{"], "--args is not JSON"),

@@ -50,7 +50,7 @@ def test_live_figures_report_engine_state(http: Any, idle_engine: Any) -> None:
     ttft = live["latency"]["60s"]["ttft"]
     assert ttft["count"] >= 1 and 0 < ttft["p50"] <= ttft["p95"] <= ttft["p99"]
     assert live["latency"]["60s"]["itl"]["count"] >= 3
-    assert set(live["programs"]) == {"qa", "two_steps", "long_story"}
+    assert set(live["programs"]) == {"qa", "two_steps", "long_story", "fan_out"}
     assert 0 <= live["prefix_cache"]["hit_rate"] <= 1
 
 
