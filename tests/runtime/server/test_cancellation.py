@@ -61,11 +61,14 @@ def gate(engine: Any) -> Iterator[ForwardGate]:
     remove()
 
 
-def seconds_until_idle(engine: Any, idle_pages: float, limit: float = 1.0) -> float:
-    """Time until the engine holds ``idle_pages`` again and runs nothing (capped)."""
+def seconds_until_idle(engine: Any, idle_pages: float, limit: float = 10.0) -> float:
+    """Time until the engine holds at most ``idle_pages`` again and runs nothing (inf past
+    ``limit``)."""
     start = time.monotonic()
     while time.monotonic() - start < limit:
-        if (engine_metric(engine, "kv_pages_used") == idle_pages
+        # NOTE: <=, not ==: a request of an earlier test may still have been releasing its
+        # pages when ``idle_pages`` was read; then the count settles below it (seen in CI).
+        if (engine_metric(engine, "kv_pages_used") <= idle_pages
                 and engine_metric(engine, "num_running") == 0):
             return time.monotonic() - start
         time.sleep(0.01)
@@ -131,7 +134,8 @@ def test_dropped_blocking_request_frees_its_pages(
         wait_for_pages_above(idle_engine, idle)
         assert engine_metric(idle_engine, "num_running") == 1  # still running as the client leaves
     gate.release()
-    assert seconds_until_idle(idle_engine, idle) < 1.0
+    took = seconds_until_idle(idle_engine, idle)
+    assert took < 1.0, f"idle again after {took:.2f} s"
 
 
 def test_request_timeout_is_a_504_and_frees_pages(http: Any, idle_engine: Any) -> None:
