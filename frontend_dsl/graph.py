@@ -92,7 +92,7 @@ class Graph:
         lines = [f"digraph {json.dumps(self.name)} {{", "  node [shape=box, fontsize=10];"]
         for stream_id in sorted({n.stream_id for n in self.nodes}):
             lines.append(f"  subgraph cluster_{stream_id} {{ label=\"stream {stream_id}\";")
-            lines += [f"    n{n.id} [label={json.dumps(_label(n))}];"
+            lines += [f"    n{n.id} [label={json.dumps(node_label(n))}];"
                       for n in self.nodes if n.stream_id == stream_id]
             lines.append("  }")
         lines += [f"  n{a} -> n{b};" for a, b in self.edges()]
@@ -104,7 +104,8 @@ class Graph:
         return "\n".join(lines)
 
 
-def _label(node: Node) -> str:
+def node_label(node: Node) -> str:
+    """A node's short human label (DOT, run-trace timelines)."""
     attrs = node.attrs
     if node.kind == "text":
         text = attrs["text"]

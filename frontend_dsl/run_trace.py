@@ -39,7 +39,7 @@ import json
 import time
 from typing import Any
 
-from frontend_dsl.graph import Graph, Node
+from frontend_dsl.graph import Graph, Node, node_label
 
 TRACE_FORMAT = "arbor.run_trace/1"
 _GEN_COUNTS = ("prompt_tokens", "cached_tokens", "computed_tokens", "output_tokens",
@@ -169,7 +169,7 @@ class RunTrace:
 
 def _node_json(node: Node, record: NodeRecord) -> dict[str, Any]:
     out: dict[str, Any] = {"id": node.id, "kind": node.kind, "stream": node.stream_id,
-                           "deps": list(node.deps), "label": _label(node),
+                           "deps": list(node.deps), "label": node_label(node),
                            "start_s": record.started, "end_s": record.ended, "error": record.error}
     attrs = node.attrs
     if node.kind in ("gen", "tool_call", "select"):
@@ -189,17 +189,6 @@ def _node_json(node: Node, record: NodeRecord) -> dict[str, Any]:
 
 def _succeeded(node: Node) -> bool:
     return node.done.done() and not node.done.cancelled() and node.done.exception() is None
-
-
-def _label(node: Node) -> str:
-    attrs = node.attrs
-    if node.kind == "text":
-        return f"text {attrs['text'][:20]!r}"
-    if node.kind == "fork":
-        return f"fork x{attrs['n']}"
-    if node.kind == "join":
-        return f"join ({attrs['mode']})"
-    return f"{node.kind} {attrs.get('name')}"
 
 
 def _streams(graph: Graph, nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
