@@ -16,11 +16,18 @@ KV pool layout (shared by every op)::
                          one scale per (token, head) row (``kernels.reference.kv_quant``)
 """
 
+from kernels.cpu.decode_step import (
+    DecodeLayerWeights,
+    DecodeModelWeights,
+    DecodePool,
+    UnsupportedDecodeModel,
+)
 from kernels.dispatch import (
     AttentionPlan,
     SharedPrefix,
     add_rms_norm,
     apply_rotary,
+    bind_decode_step,
     decode_attention,
     enable_cpu_kernels,
     extend_attention,
@@ -39,9 +46,14 @@ from kernels.reference.quant import QuantizedWeight
 __all__ = [
     "KV_QUANT_QMAX",
     "AttentionPlan",
+    "DecodeLayerWeights",
+    "DecodeModelWeights",
+    "DecodePool",
     "SharedPrefix",
+    "UnsupportedDecodeModel",
     "add_rms_norm",
     "apply_rotary",
+    "bind_decode_step",
     "decode_attention",
     "dequantize_kv",
     "enable_cpu_kernels",

@@ -21,6 +21,12 @@ import torch
 
 from kernels import reference
 from kernels.cpu import CpuElementwise, CpuKernels, NativeBuildError
+from kernels.cpu.decode_step import (
+    BoundDecodeStep,
+    DecodeModelWeights,
+    DecodePool,
+    UnsupportedDecodeModel,
+)
 from kernels.reference.attention import AttentionPlan, SharedPrefix
 from kernels.reference.quant import QuantizedWeight
 
@@ -254,3 +260,17 @@ def quantized_linear(
     if native is not None and native.quant_linear.supports(x, weight) and rows < QUANT_KERNEL_MAX_ROWS:
         return native.quant_linear(x, weight, bias)
     return reference.quantized_linear(x, weight, bias)
+
+
+def bind_decode_step(weights: DecodeModelWeights, pool: DecodePool) -> BoundDecodeStep:
+    """The fused CPU decode step (``kernels/cpu/decode_step.c``) over these weights and this
+    pool: a whole decode forward pass in one call. There is no torch or Triton version of
+    it; its reference is the layer-by-layer model built from this module's ops.
+
+    Raises:
+        UnsupportedDecodeModel: the native CPU kernels are not built or not in use
+            (``set_kernel_backend``), or the model / pool is not one the step takes.
+    """
+    if _cpu is None or _backend not in ("auto", "cpu"):
+        raise UnsupportedDecodeModel("the native CPU kernels are not in use")
+    return _cpu.decode_step.bind(weights, pool)

@@ -78,6 +78,11 @@ class EngineConfig:
     # model's own Q4_0/Q4_1/Q8_0 blocks, not dequantized), or "auto" (see
     # ``engine_setup.resolve_weights``). Quantized weights compute in fp32.
     weights: WeightFormat = "auto"
+    # CPU, block-quantized weights: a step that only decodes runs as one native call, the
+    # whole forward pass in one OpenMP region (kernels/cpu/decode_step.c), instead of
+    # ~12 kernel calls a layer. False: the layer-by-layer path (the baseline and reference).
+    # Ignored where it does not apply (fp32 weights, CUDA, no C compiler).
+    fused_decode: bool = True
     num_threads: int | None = None  # torch CPU threads; None: torch's default
     # Once loaded, move every live Python object into the GC's permanent generation: a full
     # collection otherwise scans them all (~180 ms with transformers imported, measured),

@@ -29,7 +29,7 @@ from runtime.cache.radix_tree import RadixTree
 from runtime.config import EngineConfig
 from runtime.constrained import CheckedGrammar, GrammarCompiler
 from runtime.engine_core import EngineCore, StepHook
-from runtime.engine_setup import freeze_gc, load_engine_model
+from runtime.engine_setup import freeze_gc, fused_decode, load_engine_model
 from runtime.errors import InvalidRequestError, PromptTooLongError, check_unicode
 from runtime.model.kv_cache import KVCache
 from runtime.model.loader import eos_token_ids
@@ -82,7 +82,7 @@ class Engine:
         self.scheduler = Scheduler(self.pool, self.cache, make_policy(cfg.schedule_policy, cfg.fair_scheduling),
                                    cfg.max_running_requests, cfg.max_prefill_tokens,
                                    cfg.decode_reserve_tokens, cfg.chunked_prefill_size)
-        self.runner = ModelRunner(self.model, self.kv, self.device)
+        self.runner = ModelRunner(self.model, self.kv, self.device, fused_decode(cfg, self.model, self.kv, self.device))
         self._scorer = Scorer(self.model, loaded.kv_dtype, cfg.page_size, self.device)
         if self._tp is not None:
             self._tp.send({"num_pages": num_pages})  # each rank's KV pool: the same page ids

@@ -14,11 +14,12 @@ from typing import Any
 import torch
 
 import kernels
-from kernels import onednn
+from kernels import UnsupportedDecodeModel, onednn
 from kernels.cpu import NativeBuildError
 from runtime import env
 from runtime.config import DEFAULT_MEM_FRACTION, EngineConfig
 from runtime.errors import InvalidRequestError
+from runtime.model.fused_decode import FusedDecode
 from runtime.model.gguf_weights import load_gguf_model
 from runtime.model.kv_cache import KVCache
 from runtime.model.llama import LlamaForCausalLM, ModelArgs
@@ -100,6 +101,19 @@ def enable_cpu_kernels() -> None:
         kernels.enable_cpu_kernels(env.cache_dir() / "kernels")
     except NativeBuildError as exc:
         log.warning("native CPU kernels unavailable, using the torch reference: %s", exc)
+
+
+def fused_decode(cfg: EngineConfig, model: LlamaForCausalLM, kv: KVCache, device: torch.device) -> FusedDecode | None:
+    """The fused decode step when ``cfg.fused_decode`` asks for it and the model fits (CPU,
+    block-quantized weights, native kernels built, one rank); else None, with the reason
+    logged at debug level (fp32 weights are the common, expected case)."""
+    if not cfg.fused_decode or cfg.tensor_parallel_size > 1:
+        return None
+    try:
+        return FusedDecode.build(model, kv, device)
+    except UnsupportedDecodeModel as exc:
+        log.debug("fused decode step not used: %s", exc)
+        return None
 
 
 def freeze_gc() -> None:

@@ -11,7 +11,10 @@ keeps the torch reference as its specification and its fallback:
   rotary embedding in place, each one pass instead of 4-10 torch ops;
 - block-quantized linears (``quant_linear.c``): int8 activations against 4- or 8-bit
   weight codes, integer dot products per block (torch's weight-only kernels run far below
-  memory bandwidth at decode shapes on this CPU).
+  memory bandwidth at decode shapes on this CPU);
+- the fused decode step (``decode_step.c``): a whole decode forward pass of a model with
+  block-quantized weights in one call and one OpenMP region, from the serial pieces of
+  the kernels above (``arbor_cpu.h``); its reference is the layer-by-layer path.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 
 from kernels.cpu.build import NativeBuildError
 from kernels.cpu.decode_attention import CpuDecodeAttention
+from kernels.cpu.decode_step import CpuDecodeStep
 from kernels.cpu.elementwise import CpuElementwise
 from kernels.cpu.quant_linear import CpuQuantLinear
 from kernels.cpu.store_kv import CpuStoreKV
@@ -34,13 +38,14 @@ class CpuKernels:
     elementwise: CpuElementwise
     store_kv: CpuStoreKV
     quant_linear: CpuQuantLinear
+    decode_step: CpuDecodeStep
 
     @classmethod
     def build(cls, cache_dir: Path) -> CpuKernels:
         """Compile (or load from ``cache_dir``) every kernel; raises ``NativeBuildError``."""
         return cls(CpuDecodeAttention(cache_dir), CpuElementwise(cache_dir), CpuStoreKV(cache_dir),
-                   CpuQuantLinear(cache_dir))
+                   CpuQuantLinear(cache_dir), CpuDecodeStep(cache_dir))
 
 
-__all__ = ["CpuDecodeAttention", "CpuElementwise", "CpuKernels", "CpuQuantLinear", "CpuStoreKV",
-           "NativeBuildError"]
+__all__ = ["CpuDecodeAttention", "CpuDecodeStep", "CpuElementwise", "CpuKernels", "CpuQuantLinear",
+           "CpuStoreKV", "NativeBuildError"]

@@ -1,7 +1,8 @@
 """Compile the C kernels of this folder once per machine and load them with ctypes.
 
-A kernel is one C file (plus this folder's headers; no Python or torch headers), so a
-build is a single ``cc`` call of about a second. The shared library is cached under the caller's cache
+A kernel is one C file (plus this folder's headers, and for the fused decode step the
+other kernels' files; no Python or torch headers), so a build is a single ``cc`` call of
+a second or two. The shared library is cached under the caller's cache
 directory, named by a hash of the source, the flags, the compiler and the CPU's feature
 flags (``-march=native`` code must not run on another CPU); a build goes to a temporary
 file first and is renamed into place, so concurrent processes never load a half-written
@@ -44,19 +45,23 @@ def _compiler() -> str:
     return cc
 
 
-def build_library(name: str, cache_dir: Path, defines: tuple[str, ...] = ()) -> ctypes.CDLL:
+def build_library(
+    name: str, cache_dir: Path, defines: tuple[str, ...] = (), with_sources: tuple[str, ...] = ()
+) -> ctypes.CDLL:
     """Compile ``<name>.c`` (if not cached) and load it; ``defines`` (``"NAME"`` or
-    ``"NAME=VALUE"``) become ``-D`` flags, e.g. to force a kernel's portable path in tests.
+    ``"NAME=VALUE"``) become ``-D`` flags, e.g. to force a kernel's portable path in tests;
+    ``with_sources`` names other kernels of this folder compiled into the same library
+    (the fused decode step calls their serial pieces, declared in ``arbor_cpu.h``).
 
     Raises:
         NativeBuildError: no compiler, a failed compile, or a library that won't load.
     """
-    source = SOURCE_DIR / f"{name}.c"
+    sources = [SOURCE_DIR / f"{n}.c" for n in (name, *with_sources)]
     cc = _compiler()
     flags = (*CFLAGS, *(f"-D{d}" for d in defines))
     key = hashlib.sha256()
     headers = [h.read_bytes() for h in sorted(SOURCE_DIR.glob("*.h"))]
-    for part in (source.read_bytes(), *headers, " ".join(flags).encode(), cc.encode(),
+    for part in (*(s.read_bytes() for s in sources), *headers, " ".join(flags).encode(), cc.encode(),
                  platform.machine().encode(), _cpu_flags().encode()):
         key.update(part)
     target = cache_dir / f"{name}-{key.hexdigest()[:16]}.so"
@@ -65,10 +70,10 @@ def build_library(name: str, cache_dir: Path, defines: tuple[str, ...] = ()) -> 
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache_dir)
         os.close(fd)
         try:
-            done = subprocess.run([cc, *flags, "-o", tmp, str(source), "-lm"],
+            done = subprocess.run([cc, *flags, "-o", tmp, *map(str, sources), "-lm"],
                                   capture_output=True, text=True, timeout=120)
             if done.returncode != 0:
-                raise NativeBuildError(f"{cc} failed on {source.name}:\n{done.stderr.strip()}")
+                raise NativeBuildError(f"{cc} failed on {name}.c:\n{done.stderr.strip()}")
             os.replace(tmp, target)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise NativeBuildError(f"could not run {cc}: {exc}") from exc

@@ -23,8 +23,10 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "arbor_cpu.h"
 #include "fastmath.h"
 
 #if defined(__AVX2__)
@@ -34,6 +36,11 @@
 #define BLOCK 32      /* tokens scored between softmax updates */
 #define MAX_DIM 256   /* head_dim */
 #define MAX_HEADS 256 /* query heads (per-head state lives on the thread's stack) */
+/* Positions per partial result: a request's output is the exact merge, in order, of its
+ * partials over positions [0, 256), [256, 512), ... (arbor_attend_chunked), so the fused
+ * decode step, which spreads the partials of one request over threads, computes the same
+ * bits as this kernel, whatever the batch and the thread count. */
+#define ATTN_CHUNK ARBOR_ATTN_CHUNK
 
 enum { KV_F32 = 0, KV_INT8 = 1, KV_FP8 = 2 };
 
@@ -74,17 +81,17 @@ static void finish_head(const float *acc, float run_max, float run_sum, int64_t 
 /* Scalar version for any head_dim and any pool kind (the fallback; the vector copies below
  * cover 64 and 128). ks / vs: the row scales (NULL for an fp32 pool). */
 static int attend_any(const float *q, const void *k, const void *v, const float *ks, const float *vs,
-                      int kind, const int32_t *pages, int64_t len, int64_t num_pages,
-                      int64_t page_size, int64_t hq, int64_t hkv, int64_t dim, float scale,
-                      float *out, float *lse) {
+                      int kind, const int32_t *pages, int64_t p0, int64_t len, int64_t num_pages,
+                      int64_t page_size, int64_t h0, int64_t h1, int64_t hq, int64_t hkv,
+                      int64_t dim, float scale, float *out, float *lse) {
     float scores[BLOCK], acc[MAX_DIM];
     const int64_t group = hq / hkv, row = hkv * dim, esize = elem_size(kind);
-    for (int64_t h = 0; h < hq; h++) {
+    for (int64_t h = h0; h < h1; h++) {
         const int64_t kvh = h / group, off = kvh * dim;
         const float *qh = q + h * dim;
         float run_max = -INFINITY, run_sum = 0.0f;
         memset(acc, 0, sizeof(float) * dim);
-        for (int64_t start = 0; start < len; start += BLOCK) {
+        for (int64_t start = p0; start < len; start += BLOCK) {
             const int64_t n = len - start < BLOCK ? len - start : BLOCK;
             float block_max = -INFINITY, block_sum = 0.0f;
             for (int64_t j = 0; j < n; j++) {
@@ -205,22 +212,22 @@ static int64_t block_slots(const int32_t *pages, int64_t start, int64_t len, int
  * carry scales (a compile-time constant, so the fp32 copy multiplies by nothing). */
 #define DEFINE_ATTEND_VEC(NAME, NC, T, LOAD8, QUANT)                                          \
     static int NAME(const float *q, const T *k, const T *v, const float *ks, const float *vs, \
-                    const int32_t *pages, int64_t len, int64_t num_pages, int64_t page_size,   \
-                    int64_t hq, int64_t hkv, int64_t dim, float scale, float *out,             \
-                    float *lse) {                                                              \
+                    const int32_t *pages, int64_t p0, int64_t len, int64_t num_pages,          \
+                    int64_t page_size, int64_t h0, int64_t h1, int64_t hq, int64_t hkv,        \
+                    int64_t dim, float scale, float *out, float *lse) {                        \
         int64_t slots[BLOCK];                                                                  \
         float scores[BLOCK], run_max[hq], run_sum[hq];                                         \
         v8 accs[hq][NC];                                                                       \
         const int64_t group = hq / hkv, row = hkv * dim;                                       \
-        for (int64_t h = 0; h < hq; h++) {                                                     \
+        for (int64_t h = h0; h < h1; h++) {                                                    \
             run_max[h] = -INFINITY;                                                            \
             run_sum[h] = 0.0f;                                                                 \
             for (int c = 0; c < NC; c++) accs[h][c] = (v8){0};                                 \
         }                                                                                      \
-        for (int64_t start = 0; start < len; start += BLOCK) {                                 \
+        for (int64_t start = p0; start < len; start += BLOCK) {                                \
             const int64_t n = block_slots(pages, start, len, num_pages, page_size, slots);     \
             if (n < 0) return 1;                                                               \
-            for (int64_t h = 0; h < hq; h++) {                                                 \
+            for (int64_t h = h0; h < h1; h++) {                                                \
                 const int64_t kvh = h / group, off = kvh * dim;                                \
                 v8 qv[NC], acc[NC];                                                            \
                 for (int c = 0; c < NC; c++) {                                                 \
@@ -263,7 +270,7 @@ static int64_t block_slots(const int32_t *pages, int64_t start, int64_t len, int
                 for (int c = 0; c < NC; c++) accs[h][c] = acc[c];                              \
             }                                                                                  \
         }                                                                                      \
-        for (int64_t h = 0; h < hq; h++) {                                                     \
+        for (int64_t h = h0; h < h1; h++) {                                                    \
             float flat[8 * NC];                                                                \
             memcpy(flat, accs[h], sizeof flat);                                                \
             finish_head(flat, run_max[h], run_sum[h], dim, out + h * dim, lse + h);            \
@@ -278,13 +285,17 @@ DEFINE_ATTEND_VEC(attend_int8_d128, 16, int8_t, load8_int8, 1)
 DEFINE_ATTEND_VEC(attend_fp8_d64, 8, uint8_t, load8_fp8, 1)
 DEFINE_ATTEND_VEC(attend_fp8_d128, 16, uint8_t, load8_fp8, 1)
 
-/* One request with the copy for its pool kind and head_dim. */
-static int attend(const float *q, const void *k, const void *v, const float *ks, const float *vs,
-                  int kind, const int32_t *pages, int64_t len, int64_t num_pages,
-                  int64_t page_size, int64_t hq, int64_t hkv, int64_t dim, float scale,
-                  float *out, float *lse) {
-#define CALL(FN, T) FN(q, (const T *)k, (const T *)v, ks, vs, pages, len, num_pages, page_size, \
-                       hq, hkv, dim, scale, out, lse)
+/* Query heads [h0, h1) of one request over positions [p0, p1) with the copy for its pool
+ * kind and head_dim (declared in arbor_cpu.h). NOTE: the copies index the score blocks
+ * from p0, so p0 need not be a multiple of anything; a key's page is pages[pos / page_size]. */
+int arbor_attend_range(const float *q, const void *k, const void *v, const float *ks,
+                       const float *vs, int kind, const int32_t *pages, int64_t p0, int64_t p1,
+                       int64_t num_pages, int64_t page_size, int64_t h0, int64_t h1, int64_t hq,
+                       int64_t hkv, int64_t dim, float scale, float *out, float *lse) {
+    if (hkv <= 0 || hq % hkv != 0 || hq > MAX_HEADS || dim > MAX_DIM) return 2;
+    if (kind != KV_F32 && (ks == NULL || vs == NULL)) return 2;
+#define CALL(FN, T) FN(q, (const T *)k, (const T *)v, ks, vs, pages, p0, p1, num_pages, page_size, \
+                       h0, h1, hq, hkv, dim, scale, out, lse)
     if (kind == KV_F32 && dim == 64) return CALL(attend_f32_d64, float);
     if (kind == KV_F32 && dim == 128) return CALL(attend_f32_d128, float);
     if (kind == KV_INT8 && dim == 64) return CALL(attend_int8_d64, int8_t);
@@ -292,8 +303,49 @@ static int attend(const float *q, const void *k, const void *v, const float *ks,
     if (kind == KV_FP8 && dim == 64) return CALL(attend_fp8_d64, uint8_t);
     if (kind == KV_FP8 && dim == 128) return CALL(attend_fp8_d128, uint8_t);
 #undef CALL
-    return attend_any(q, k, v, ks, vs, kind, pages, len, num_pages, page_size, hq, hkv, dim, scale,
-                      out, lse);
+    if (kind != KV_F32 && kind != KV_INT8 && kind != KV_FP8) return 2;
+    return attend_any(q, k, v, ks, vs, kind, pages, p0, p1, num_pages, page_size, h0, h1, hq, hkv,
+                      dim, scale, out, lse);
+}
+
+ARBOR_SHARED int64_t arbor_attn_chunks(int64_t len) {
+    return len <= ATTN_CHUNK ? 1 : (len + ATTN_CHUNK - 1) / ATTN_CHUNK;
+}
+
+ARBOR_SHARED void arbor_merge_partial(float *out, float *lse, const float *part, const float *part_lse,
+                                      int64_t h0, int64_t h1, int64_t dim) {
+    for (int64_t h = h0; h < h1; h++) {
+        const float a = lse[h], b = part_lse[h];
+        float *o = out + h * dim;
+        const float *p = part + h * dim;
+        if (b == -INFINITY) continue;
+        if (a == -INFINITY) {
+            memcpy(o, p, sizeof(float) * (size_t)dim);
+            lse[h] = b;
+            continue;
+        }
+        const float top = a > b ? a : b, wa = exp_nonpos(a - top), wb = exp_nonpos(b - top);
+        const float inv = 1.0f / (wa + wb);
+        for (int64_t d = 0; d < dim; d++) o[d] = (wa * o[d] + wb * p[d]) * inv;
+        lse[h] = top + logf(wa + wb);
+    }
+}
+
+ARBOR_SHARED int arbor_attend_chunked(const float *q, const void *k, const void *v, const float *ks,
+                                      const float *vs, int kind, const int32_t *pages, int64_t len,
+                                      int64_t num_pages, int64_t page_size, int64_t h0, int64_t h1,
+                                      int64_t hq, int64_t hkv, int64_t dim, float scale, float *out,
+                                      float *lse, float *tmp) {
+    const int64_t chunks = arbor_attn_chunks(len);
+    int bad = 0;
+    for (int64_t c = 0; c < chunks; c++) {
+        const int64_t p0 = c * ATTN_CHUNK, p1 = p0 + ATTN_CHUNK < len ? p0 + ATTN_CHUNK : len;
+        float *o = c == 0 ? out : tmp, *l = c == 0 ? lse : tmp + hq * dim;
+        bad |= arbor_attend_range(q, k, v, ks, vs, kind, pages, p0, p1, num_pages, page_size, h0, h1,
+                                  hq, hkv, dim, scale, o, l);
+        if (c > 0) arbor_merge_partial(out, lse, tmp, tmp + hq * dim, h0, h1, dim);
+    }
+    return bad;
 }
 
 int arbor_decode_attention(const float *q, const void *k, const void *v, const float *k_scale,
@@ -306,16 +358,23 @@ int arbor_decode_attention(const float *q, const void *k, const void *v, const f
     if (kv_kind != KV_F32 && (k_scale == NULL || v_scale == NULL)) return 2;
     const int64_t num_pages = num_slots / page_size;
     int bad = 0;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads) reduction(| : bad)
-    for (int64_t b = 0; b < batch; b++) {
-        const int64_t len = seq_lens[b];
-        if (len < 0 || len > max_pages * page_size) {
-            bad = 1;
-            continue;
+#pragma omp parallel num_threads(num_threads) reduction(| : bad)
+    {
+        float *tmp = malloc(sizeof(float) * (size_t)(hq * dim + hq)); /* one chunk's partial */
+        if (tmp == NULL) bad = 3;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t b = 0; b < batch; b++) {
+            const int64_t len = seq_lens[b];
+            if (tmp == NULL) continue;
+            if (len < 0 || len > max_pages * page_size) {
+                bad = 1;
+                continue;
+            }
+            bad |= arbor_attend_chunked(q + b * hq * dim, k, v, k_scale, v_scale, kv_kind,
+                                        page_table + b * max_pages, len, num_pages, page_size, 0, hq,
+                                        hq, hkv, dim, scale, out + b * hq * dim, lse + b * hq, tmp);
         }
-        bad |= attend(q + b * hq * dim, k, v, k_scale, v_scale, kv_kind, page_table + b * max_pages,
-                      len, num_pages, page_size, hq, hkv, dim, scale, out + b * hq * dim,
-                      lse + b * hq);
+        free(tmp);
     }
     return bad;
 }

@@ -23,6 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arbor_cpu.h"
+
 #if !defined(ARBOR_QUANT_SCALAR)
 #include <immintrin.h>
 #endif
@@ -90,32 +92,6 @@ static void quantize_row(const float *x, int64_t k_len, int64_t nb, int8_t *xq, 
     }
 }
 
-/* The per-block scales of one (weight row, activation row) pair, s[b] = d[g] * dx[b], and
- * the offset term sum_b m[g] * dx[b] * xsum[b] (xs = dx * xsum). Returns the offset term. */
-static inline float row_scales(const uint16_t *d, const uint16_t *mo, int group_shift,
-                               const float *dx, const float *xs, int64_t nb, float *s) {
-#if defined(QPATH_AVX512)
-    if (group_shift == 0) {
-        __m512 off = _mm512_setzero_ps();
-        for (int64_t b = 0; b < nb; b += 16) {
-            const __mmask16 k = nb - b >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nb - b)) - 1);
-            const __m512 dv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, d + b));
-            const __m512 mv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, mo + b));
-            _mm512_mask_storeu_ps(s + b, k, _mm512_mul_ps(dv, _mm512_maskz_loadu_ps(k, dx + b)));
-            off = _mm512_fmadd_ps(mv, _mm512_maskz_loadu_ps(k, xs + b), off);
-        }
-        return _mm512_reduce_add_ps(off);
-    }
-#endif
-    float off = 0.0f;
-    for (int64_t b = 0; b < nb; b++) {
-        const int64_t g = b >> group_shift;
-        s[b] = half_to_float(d[g]) * dx[b];
-        off += half_to_float(mo[g]) * xs[b];
-    }
-    return off;
-}
-
 #if defined(QPATH_AVX512)
 static inline __m512i load_codes(const uint8_t *w, int bits, int64_t sb) {
     if (bits == 8) return _mm512_loadu_si512((const void *)(w + sb * 64));
@@ -127,30 +103,11 @@ static inline __m512i load_codes(const uint8_t *w, int bits, int64_t sb) {
 }
 #endif
 
-/* sum_b s[b] * isum_b for one weight row (codes w) and one activation row (xq, xsum);
- * s has 16 floats of slack past nb. */
+#if !defined(QPATH_AVX512)
+/* sum_b s[b] * isum_b for one weight row (codes w) and one activation row (xq, xsum). */
 static inline float dot_row(const uint8_t *w, int bits, const int8_t *xq, const int32_t *xsum,
                             const float *s, int64_t nb) {
-#if defined(QPATH_AVX512)
-    (void)xsum;
-    const __m512i pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    int64_t sb = 0;
-    for (; sb + 1 < nb / 2; sb += 2) { /* two independent chains */
-        const __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), load_codes(w, bits, sb),
-                                               _mm512_loadu_si512((const void *)(xq + sb * 64)));
-        const __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), load_codes(w, bits, sb + 1),
-                                               _mm512_loadu_si512((const void *)(xq + sb * 64 + 64)));
-        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_permutexvar_ps(pick, _mm512_loadu_ps(s + 2 * sb)), acc0);
-        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_permutexvar_ps(pick, _mm512_loadu_ps(s + 2 * sb + 2)), acc1);
-    }
-    for (; sb < nb / 2; sb++) {
-        const __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), load_codes(w, bits, sb),
-                                               _mm512_loadu_si512((const void *)(xq + sb * 64)));
-        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_permutexvar_ps(pick, _mm512_loadu_ps(s + 2 * sb)), acc0);
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-#elif defined(QPATH_AVX2)
+#if defined(QPATH_AVX2)
     __m256 acc = _mm256_setzero_ps();
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t b = 0; b < nb; b++) {
@@ -196,66 +153,211 @@ static inline float dot_row(const uint8_t *w, int bits, const int8_t *xq, const 
     return acc;
 #endif
 }
+#endif
 
+/* The per-block scales and offsets of weight row n as floats, wd[b] = d[g], wm[b] = m[g]
+ * (g = b >> group_shift), with 16 zero floats of slack past nb for the vector loads. */
+static inline void weight_row_scales(const ArborQWeight *w, int64_t n, int64_t nb, float *wd, float *wm) {
+    const uint16_t *d = w->d + n * w->num_groups, *mo = w->m + n * w->num_groups;
+    if (w->num_groups == 1) { /* one group per row (int8 per channel) */
+        const float dv = half_to_float(d[0]), mv = half_to_float(mo[0]);
+        for (int64_t b = 0; b < nb; b++) wd[b] = dv, wm[b] = mv;
+    } else {
 #if defined(QPATH_AVX512)
-/* Weight row n (codes w, per-block scales wd and offsets wm as floats, 16 floats of slack)
- * against up to 4 activation rows at once: the codes are unpacked once for all of them.
- * dxe: each activation row's scales expanded per superblock, [dx_2sb x 8 | dx_2sb+1 x 8]. */
-static inline void dot_rows4(const uint8_t *w, int bits, const float *wd, const float *wm, int64_t nb,
-                             const int8_t *xq, int64_t kp, const float *dxe, const float *xs, int jn,
-                             float *out) {
-    const __m512i pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    const int64_t nsb = nb / 2;
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-    for (int64_t sb = 0; sb < nsb; sb++) {
-        const __m512i wv = load_codes(w, bits, sb);
-        const __m512 wdp = _mm512_permutexvar_ps(pick, _mm512_loadu_ps(wd + 2 * sb));
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) {
-            if (j < jn) {
-                const __m512i iv = _mm512_dpbusd_epi32(
-                    _mm512_setzero_si512(), wv, _mm512_loadu_si512((const void *)(xq + j * kp + sb * 64)));
-                const __m512 sc = _mm512_mul_ps(wdp, _mm512_loadu_ps(dxe + (j * nsb + sb) * 16));
-                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iv), sc, acc[j]);
+        if (w->group_shift == 0) {
+            for (int64_t b = 0; b < nb; b += 16) {
+                const __mmask16 k = nb - b >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nb - b)) - 1);
+                _mm512_mask_storeu_ps(wd + b, k, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, d + b)));
+                _mm512_mask_storeu_ps(wm + b, k, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, mo + b)));
+            }
+        } else
+#endif
+        {
+            for (int64_t b = 0; b < nb; b++) {
+                wd[b] = half_to_float(d[b >> w->group_shift]);
+                wm[b] = half_to_float(mo[b >> w->group_shift]);
             }
         }
     }
-    for (int j = 0; j < jn; j++) {
-        for (int64_t b = 0; b < nb; b += 16) { /* the offset term, m * dx * xsum */
-            const __mmask16 k = nb - b >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nb - b)) - 1);
-            acc[j] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, wm + b), _mm512_maskz_loadu_ps(k, xs + j * nb + b),
-                                     acc[j]);
-        }
-        out[j] = _mm512_reduce_add_ps(acc[j]);
-    }
+    memset(wd + nb, 0, 16 * sizeof(float));
+    memset(wm + nb, 0, 16 * sizeof(float));
 }
 
-/* rows >= 2: every weight row meets the activation rows four at a time. */
-static void gemm_avx512(const int8_t *xq, const float *dx, const float *xs, int64_t rows, int64_t kp,
-                        const uint8_t *codes, const uint16_t *d, const uint16_t *mo, int64_t n_out,
-                        int64_t num_groups, int group_shift, int bits, const float *bias, float *y,
-                        float *dxe, int num_threads) {
-    const int64_t nb = kp / BLOCK, nsb = nb / 2, row_bytes = bits == 4 ? kp / 2 : kp;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t sb = 0; sb < nsb; sb++)
-            for (int i = 0; i < 16; i++) dxe[(r * nsb + sb) * 16 + i] = dx[r * nb + 2 * sb + (i >= 8)];
-#pragma omp parallel for num_threads(threads_for(rows * n_out * kp, num_threads)) schedule(static)
-    for (int64_t n = 0; n < n_out; n++) {
-        float wd[nb + 16], wm[nb + 16]; /* NOTE: 16 floats of slack for the last vector load */
-        for (int64_t b = 0; b < nb + 16; b++) {
-            wd[b] = b < nb ? half_to_float(d[n * num_groups + (b >> group_shift)]) : 0.0f;
-            wm[b] = b < nb ? half_to_float(mo[n * num_groups + (b >> group_shift)]) : 0.0f;
+#if defined(QPATH_AVX512)
+/* One weight row against one activation row (see dot_rows), in two independent chains. */
+static inline float dot_row1(const uint8_t *w, int bits, const float *wd, const float *wm, int64_t nb,
+                             const int8_t *xq, const float *dxe, const float *xs) {
+    const __m512i pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const int64_t nsb = nb / 2;
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int64_t sb = 0;
+#define STEP(ACC, SB)                                                                              \
+    do {                                                                                           \
+        const __m512i iv = _mm512_dpbusd_epi32(_mm512_setzero_si512(), load_codes(w, bits, SB),    \
+                                               _mm512_loadu_si512((const void *)(xq + (SB) * 64))); \
+        const __m512 sc = _mm512_mul_ps(_mm512_permutexvar_ps(pick, _mm512_loadu_ps(wd + 2 * (SB))), \
+                                        _mm512_loadu_ps(dxe + (SB) * 16));                        \
+        ACC = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iv), sc, ACC);                                    \
+    } while (0)
+    for (; sb + 1 < nsb; sb += 2) {
+        STEP(acc0, sb);
+        STEP(acc1, sb + 1);
+    }
+    if (sb < nsb) STEP(acc0, sb);
+#undef STEP
+    for (int64_t b = 0; b < nb; b += 16) { /* the offset term, m * dx * xsum */
+        const __mmask16 k = nb - b >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nb - b)) - 1);
+        acc1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, wm + b), _mm512_maskz_loadu_ps(k, xs + b), acc1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+/* NW weight rows (codes w, row stride row_bytes; per-block floats wd / wm, row stride ws)
+ * against JN activation rows: each superblock of codes is unpacked once for the JN rows,
+ * and each activation superblock (codes and scales) is loaded once for the NW rows. NW and
+ * JN are compile-time constants at every call (always_inline), so the loops unroll into
+ * NW * JN independent accumulators. xq: the first activation row (row stride kp); dxe: its
+ * expanded scales (stride nsb * 16); xs: its dx * xsum (stride nb). out[i * 4 + j]. */
+static inline __attribute__((always_inline)) void dot_block(
+    const uint8_t *w, int64_t row_bytes, int bits, const float *wd, const float *wm, int64_t ws,
+    int64_t nb, const int8_t *xq, int64_t kp, const float *dxe, const float *xs, const int NW,
+    const int JN, float *out) {
+    const __m512i pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const int64_t nsb = nb / 2;
+    __m512 acc[2][4];
+    for (int i = 0; i < NW; i++)
+        for (int j = 0; j < JN; j++) acc[i][j] = _mm512_setzero_ps();
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        __m512i wv[2];
+        __m512 wdp[2];
+        for (int i = 0; i < NW; i++) {
+            wv[i] = load_codes(w + i * row_bytes, bits, sb);
+            wdp[i] = _mm512_permutexvar_ps(pick, _mm512_loadu_ps(wd + i * ws + 2 * sb));
         }
-        for (int64_t m0 = 0; m0 < rows; m0 += 4) {
-            const int jn = rows - m0 < 4 ? (int)(rows - m0) : 4;
-            float out[4];
-            dot_rows4(codes + n * row_bytes, bits, wd, wm, nb, xq + m0 * kp, kp, dxe + m0 * nsb * 16,
-                      xs + m0 * nb, jn, out);
-            for (int j = 0; j < jn; j++) y[(m0 + j) * n_out + n] = bias != NULL ? out[j] + bias[n] : out[j];
+        for (int j = 0; j < JN; j++) {
+            const __m512i xv = _mm512_loadu_si512((const void *)(xq + j * kp + sb * 64));
+            const __m512 dv = _mm512_loadu_ps(dxe + (j * nsb + sb) * 16);
+            for (int i = 0; i < NW; i++) {
+                const __m512i iv = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[i], xv);
+                acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iv), _mm512_mul_ps(wdp[i], dv), acc[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < NW; i++) {
+        for (int j = 0; j < JN; j++) {
+            for (int64_t b = 0; b < nb; b += 16) { /* the offset term, m * dx * xsum */
+                const __mmask16 k = nb - b >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nb - b)) - 1);
+                acc[i][j] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, wm + i * ws + b),
+                                            _mm512_maskz_loadu_ps(k, xs + j * nb + b), acc[i][j]);
+            }
+            out[i * 4 + j] = _mm512_reduce_add_ps(acc[i][j]);
         }
     }
 }
 #endif
+
+size_t arbor_qact_bytes(int64_t rows, int64_t kp) {
+    const size_t nb = (size_t)(kp / BLOCK), r = (size_t)rows;
+    const size_t pieces[5] = {r * (size_t)kp, 4 * r * nb, 4 * r * nb, 4 * r * nb, 4 * r * nb * 8 + 64};
+    size_t total = 0;
+    for (int i = 0; i < 5; i++) total += (pieces[i] + 63) / 64 * 64;
+    return total;
+}
+
+void arbor_qact_init(ArborQAct *a, void *mem, int64_t rows, int64_t kp) {
+    const size_t nb = (size_t)(kp / BLOCK), r = (size_t)rows;
+    char *p = mem;
+#define TAKE(FIELD, TYPE, BYTES) a->FIELD = (TYPE *)p, p += ((BYTES) + 63) / 64 * 64
+    TAKE(xq, int8_t, r * (size_t)kp);
+    TAKE(dx, float, 4 * r * nb);
+    TAKE(xs, float, 4 * r * nb);
+    TAKE(xsum, int32_t, 4 * r * nb);
+    TAKE(dxe, float, 4 * r * nb * 8 + 64);
+#undef TAKE
+    a->rows = rows, a->kp = kp;
+}
+
+void arbor_qact_quantize_row(ArborQAct *a, int64_t r, const float *x, int64_t k_len) {
+    const int64_t kp = a->kp, nb = kp / BLOCK, nsb = nb / 2;
+    float *dx = a->dx + r * nb;
+    quantize_row(x, k_len, nb, a->xq + r * kp, dx, a->xsum + r * nb, a->xs + r * nb);
+    float *dxe = a->dxe + r * nsb * 16;
+    for (int64_t sb = 0; sb < nsb; sb++)
+        for (int i = 0; i < 16; i++) dxe[sb * 16 + i] = dx[2 * sb + (i >= 8)];
+}
+
+static inline void put(float *y, float v, const float *bias, int64_t n, int accumulate) {
+    if (bias != NULL) v += bias[n];
+    *y = accumulate ? *y + v : v;
+}
+
+void arbor_qmatmul_range(const ArborQWeight *w, const ArborQAct *a, int64_t n0, int64_t n1, float *y,
+                         int64_t ldy, int accumulate) {
+    const int64_t kp = w->kp, nb = kp / BLOCK, rows = a->rows, row_bytes = w->bits == 4 ? kp / 2 : kp;
+#if defined(QPATH_AVX512)
+    /* Tiles of up to TILE_ROWS weight rows (codes and float scales stay in L1) meet the
+     * activation rows four at a time, two weight rows at a time (dot_block). */
+    enum { TILE_ROWS = 16 };
+    const int64_t ws = nb + 16, nsb = nb / 2;
+    float wd[TILE_ROWS * ws], wm[TILE_ROWS * ws];
+    for (int64_t t0 = n0; t0 < n1; t0 += TILE_ROWS) {
+        const int64_t t1 = t0 + TILE_ROWS < n1 ? t0 + TILE_ROWS : n1;
+        for (int64_t n = t0; n < t1; n++) weight_row_scales(w, n, nb, wd + (n - t0) * ws, wm + (n - t0) * ws);
+        if (rows == 1) { /* one activation row: a matrix-vector product, bound by memory */
+            for (int64_t n = t0; n < t1; n++) {
+                const float v = dot_row1(w->codes + n * row_bytes, w->bits, wd + (n - t0) * ws,
+                                         wm + (n - t0) * ws, nb, a->xq, a->dxe, a->xs);
+                put(y + (n - n0), v, w->bias, n, accumulate);
+            }
+            continue;
+        }
+        for (int64_t m0 = 0; m0 < rows; m0 += 4) {
+            const int64_t jn = rows - m0 < 4 ? rows - m0 : 4;
+            const int8_t *xq = a->xq + m0 * kp;
+            const float *dxe = a->dxe + m0 * nsb * 16, *xs = a->xs + m0 * nb;
+            for (int64_t n = t0; n < t1; n += 2) {
+                const int64_t nw = t1 - n < 2 ? 1 : 2;
+                const uint8_t *codes = w->codes + n * row_bytes;
+                const float *wdn = wd + (n - t0) * ws, *wmn = wm + (n - t0) * ws;
+                float out[8];
+#define BLOCK_CALL(NW, JN) dot_block(codes, row_bytes, w->bits, wdn, wmn, ws, nb, xq, kp, dxe, xs, NW, JN, out)
+                if (nw == 2) {
+                    if (jn == 4) BLOCK_CALL(2, 4);
+                    else if (jn == 3) BLOCK_CALL(2, 3);
+                    else if (jn == 2) BLOCK_CALL(2, 2);
+                    else BLOCK_CALL(2, 1);
+                } else {
+                    if (jn == 4) BLOCK_CALL(1, 4);
+                    else if (jn == 3) BLOCK_CALL(1, 3);
+                    else if (jn == 2) BLOCK_CALL(1, 2);
+                    else BLOCK_CALL(1, 1);
+                }
+#undef BLOCK_CALL
+                for (int64_t i = 0; i < nw; i++)
+                    for (int64_t j = 0; j < jn; j++)
+                        put(y + (m0 + j) * ldy + (n + i - n0), out[i * 4 + j], w->bias, n + i, accumulate);
+            }
+        }
+    }
+#else
+    float wd[nb + 16], wm[nb + 16], s[nb + 16]; /* NOTE: 16 floats of slack for vector loads */
+    memset(s + nb, 0, 16 * sizeof(float));
+    for (int64_t n = n0; n < n1; n++) {
+        weight_row_scales(w, n, nb, wd, wm);
+        const uint8_t *codes = w->codes + n * row_bytes;
+        for (int64_t m = 0; m < rows; m++) {
+            const float *dx = a->dx + m * nb, *xs = a->xs + m * nb;
+            float offset = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                s[b] = wd[b] * dx[b];
+                offset += wm[b] * xs[b];
+            }
+            const float v = dot_row(codes, w->bits, a->xq + m * kp, a->xsum + m * nb, s, nb) + offset;
+            put(y + m * ldy + (n - n0), v, w->bias, n, accumulate);
+        }
+    }
+#endif
+}
 
 /* y[M, N] = x[M, K] @ W^T (+ bias). Returns 0, or -1 when scratch memory ran out.
  *   codes: [N, row_bytes] (row_bytes = Kp / 2 or Kp), d, mo: [N, num_groups] fp16 bits. */
@@ -263,51 +365,22 @@ int arbor_quant_linear(const float *x, int64_t rows, int64_t k_len, const uint8_
                        const uint16_t *d, const uint16_t *mo, int64_t n_out, int64_t kp,
                        int64_t num_groups, int group_shift, int bits, const float *bias, float *y,
                        int num_threads) {
-    const int64_t nb = kp / BLOCK, row_bytes = bits == 4 ? kp / 2 : kp;
-    int8_t *xq = aligned_alloc(64, (size_t)(rows * kp + 64));
-    float *dx = malloc(sizeof(float) * (size_t)(rows * nb));
-    float *xs = malloc(sizeof(float) * (size_t)(rows * nb));
-    int32_t *xsum = malloc(sizeof(int32_t) * (size_t)(rows * nb));
-    if (xq == NULL || dx == NULL || xs == NULL || xsum == NULL) {
-        free(xq), free(dx), free(xs), free(xsum);
-        return -1;
-    }
+    const ArborQWeight w = {codes, d, mo, bias, n_out, k_len, kp, num_groups, group_shift, bits};
+    void *mem = aligned_alloc(64, arbor_qact_bytes(rows, kp));
+    if (mem == NULL) return -1;
+    ArborQAct a;
+    arbor_qact_init(&a, mem, rows, kp);
 #pragma omp parallel for num_threads(threads_for(rows * k_len * 16, num_threads)) schedule(static)
-    for (int64_t r = 0; r < rows; r++)
-        quantize_row(x + r * k_len, k_len, nb, xq + r * kp, dx + r * nb, xsum + r * nb, xs + r * nb);
-
-#if defined(QPATH_AVX512)
-    if (rows >= 2) {
-        float *dxe = aligned_alloc(64, sizeof(float) * (size_t)(rows * nb * 8 + 16));
-        if (dxe == NULL) {
-            free(xq), free(dx), free(xs), free(xsum);
-            return -1;
-        }
-        gemm_avx512(xq, dx, xs, rows, kp, codes, d, mo, n_out, num_groups, group_shift, bits, bias, y,
-                    dxe, num_threads);
-        free(dxe), free(xq), free(dx), free(xs), free(xsum);
-        return 0;
-    }
-#endif
-    /* Each thread takes a contiguous run of weight rows; a tile of 16 weight rows meets
+    for (int64_t r = 0; r < rows; r++) arbor_qact_quantize_row(&a, r, x + r * k_len, k_len);
+    /* Each thread takes a contiguous run of weight tiles; a tile of 16 weight rows meets
      * every activation row while it is in L1 (a row is <= Kp bytes). */
     const int64_t tile = 16, num_tiles = (n_out + tile - 1) / tile;
 #pragma omp parallel for num_threads(threads_for(rows * n_out * kp, num_threads)) schedule(static)
     for (int64_t t = 0; t < num_tiles; t++) {
-        float scales[nb + 16]; /* NOTE: 16 floats of slack for the last vector load */
-        memset(scales + nb, 0, 16 * sizeof(float));
-        const int64_t n_end = (t + 1) * tile < n_out ? (t + 1) * tile : n_out;
-        for (int64_t m = 0; m < rows; m++) {
-            for (int64_t n = t * tile; n < n_end; n++) {
-                const float offset = row_scales(d + n * num_groups, mo + n * num_groups, group_shift,
-                                                dx + m * nb, xs + m * nb, nb, scales);
-                const float v = dot_row(codes + n * row_bytes, bits, xq + m * kp, xsum + m * nb,
-                                        scales, nb) + offset;
-                y[m * n_out + n] = bias != NULL ? v + bias[n] : v;
-            }
-        }
+        const int64_t n0 = t * tile, n1 = n0 + tile < n_out ? n0 + tile : n_out;
+        arbor_qmatmul_range(&w, &a, n0, n1, y + n0, n_out, 0);
     }
-    free(xq), free(dx), free(xs), free(xsum);
+    free(mem);
     return 0;
 }
 

@@ -15,6 +15,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "arbor_cpu.h"
+
 /* A float in [-448, 448] as the nearest e4m3fn code (ties to even). Normals keep 3 of
  * fp32's 23 mantissa bits (a carry rounds up into the exponent, as it should); below
  * e4m3's smallest normal (2^-6) values are multiples of 2^-9, so the code is the rounded
@@ -31,7 +33,7 @@ static uint8_t to_e4m3(float x) {
     return sign | (uint8_t)((exp << 3) | man);
 }
 
-static void store_row(const float *x, int64_t dim, int kind, void *codes, float *scale) {
+void arbor_store_kv_row(const float *x, int64_t dim, int kind, void *codes, float *scale) {
     const float qmax = kind == 1 ? 127.0f : 448.0f;
     float amax = 0.0f;
     for (int64_t d = 0; d < dim; d++) amax = fmaxf(amax, fabsf(x[d]));
@@ -57,8 +59,8 @@ int arbor_store_kv_quant(const float *x, int64_t x_stride, const int64_t *slots,
             continue;
         }
         for (int64_t h = 0; h < heads; h++)
-            store_row(x + t * x_stride + h * dim, dim, kind, (char *)codes + (slot * heads + h) * dim,
-                      scales + slot * heads + h);
+            arbor_store_kv_row(x + t * x_stride + h * dim, dim, kind,
+                               (char *)codes + (slot * heads + h) * dim, scales + slot * heads + h);
     }
     return bad;
 }

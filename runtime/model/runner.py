@@ -10,6 +10,7 @@ import torch
 import kernels
 from kernels import SharedPrefix
 from runtime.model.attention import AttentionMetadata
+from runtime.model.fused_decode import FusedDecode
 from runtime.model.kv_cache import KVCache
 from runtime.model.llama import LlamaForCausalLM
 from runtime.scheduler.batch import ForwardBatch, ForwardSeq
@@ -37,11 +38,16 @@ class ForwardOutput:
 class ModelRunner:
     """Runs the model on a ``ForwardBatch`` (plain values: it never sees a request)."""
 
-    def __init__(self, model: LlamaForCausalLM, kv: KVCache, device: torch.device) -> None:
+    def __init__(
+        self, model: LlamaForCausalLM, kv: KVCache, device: torch.device, fused: FusedDecode | None = None
+    ) -> None:
         self.model, self.kv, self.device = model, kv, device
         self.page_size = kv.page_size
+        self.fused = fused  # decode-only batches run as one native call when set
 
     def forward(self, batch: ForwardBatch) -> ForwardOutput:
+        if self.fused is not None and not batch.extend and batch.decode:
+            return self._forward_fused(batch.decode)
         input_ids, positions, slots = self._token_tensors(batch)
         meta = self._metadata(batch, slots)
         seqs = batch.extend + batch.decode
@@ -64,6 +70,17 @@ class ModelRunner:
         prompt_lp = self._prompt_logprobs(logits[n_sample + n_verify :], lp_rows)
         return ForwardOutput([s.request_id for s, _ in sampled], logits[:n_sample], prompt_lp,
                              verify_logits)
+
+    def _forward_fused(self, seqs: tuple[ForwardSeq, ...]) -> ForwardOutput:
+        """Every seq decodes one token and samples after it (decode seqs always do)."""
+        assert self.fused is not None
+        table = self._page_table([s.page_table for s in seqs])
+        last = torch.tensor([s.start for s in seqs])  # the new token's position
+        slots = table.gather(1, (last // self.page_size)[:, None]).flatten().long() * self.page_size \
+            + last % self.page_size
+        ids = torch.tensor([s.token_ids[0] for s in seqs])
+        logits = self.fused.forward(ids, last, slots, table, (last + 1).int())
+        return ForwardOutput([s.request_id for s in seqs], logits, {}, {})
 
     # ---- tensors ----------------------------------------------------------------------------
     def _token_tensors(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

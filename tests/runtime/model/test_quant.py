@@ -10,8 +10,6 @@ import pytest
 import torch
 from torch import nn
 
-import kernels
-from kernels.cpu import NativeBuildError
 from kernels.reference.quant import dequantize
 from runtime import Engine, SamplingParams
 from runtime.cli import build_parser, engine_kwargs
@@ -121,18 +119,6 @@ PROMPTS = [
 # which is why "auto" stays fp32. The gates leave room for near-ties flipping.
 MIN_AGREEMENT = {"int8": 0.95, "int4": 0.95, "gguf": 0.95}
 MAX_MEAN_KL = {"int8": 0.015, "int4": 0.01, "gguf": 0.006}
-
-
-@pytest.fixture(scope="module")
-def cpu_kernels_enabled(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The C kernels on (as every engine turns them on): the reference dequantizes each
-    weight on every call, far too slow for a 135M model."""
-    try:
-        kernels.enable_cpu_kernels(tmp_path_factory.mktemp("kernels"))
-    except NativeBuildError as exc:
-        if "no C compiler" not in str(exc):
-            raise  # a kernel that does not build is a failure, not a missing environment
-        pytest.skip(f"environment: {exc}")
 
 
 @pytest.fixture(scope="module")

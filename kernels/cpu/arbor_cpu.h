@@ -1,0 +1,93 @@
+/* The serial building blocks that the CPU kernels share.
+ *
+ * Each kernel file exports its own parallel entry point (``arbor_quant_linear``,
+ * ``arbor_decode_attention``, ...) for the layer-by-layer path, and the pieces declared
+ * here, which run on the calling thread only. The fused decode step (decode_step.c) is
+ * compiled together with those files and calls the pieces from inside its one parallel
+ * region, so both paths run the same arithmetic.
+ */
+#ifndef ARBOR_CPU_H
+#define ARBOR_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* NOTE: every shared piece is compiled out of line, so the layer-by-layer kernel that
+ * calls it from its own file and the fused step that calls it from decode_step.c run the
+ * same machine code: inlined into a caller, the compiler may contract a different set of
+ * multiply-adds, and the two paths' results would differ in their last bits. */
+#define ARBOR_SHARED __attribute__((noinline))
+
+/* ---- quant_linear.c: block-quantized weights (kernels/reference/quant.py) ---------------- */
+
+/* One weight, as QuantizedWeight holds it: w[n, k] = d[n, g] * code[n, k] + m[n, g]. */
+typedef struct {
+    const uint8_t *codes;  /* [n_out, kp / 2] (4 bits) or [n_out, kp] (8 bits) */
+    const uint16_t *d;     /* [n_out, num_groups] fp16 bits */
+    const uint16_t *m;     /* [n_out, num_groups] fp16 bits */
+    const float *bias;     /* [n_out] or NULL */
+    int64_t n_out, k_len, kp, num_groups;
+    int32_t group_shift, bits; /* g = (k / 32) >> group_shift; bits 4 or 8 */
+} ArborQWeight;
+
+/* Activation rows quantized to int8 per block of 32 for weights of padded width kp. */
+typedef struct {
+    int8_t *xq;     /* [rows, kp] */
+    float *dx;      /* [rows, nb] block scales */
+    float *xs;      /* [rows, nb] dx * sum of the block's codes */
+    int32_t *xsum;  /* [rows, nb] sum of the block's codes */
+    float *dxe;     /* [rows, nb / 2, 16]: per superblock, dx of its 2 blocks, 8 lanes each */
+    int64_t rows, kp;
+} ArborQAct;
+
+/* Bytes of an ArborQAct's arrays for `rows` rows of width kp (64-byte aligned pieces). */
+ARBOR_SHARED size_t arbor_qact_bytes(int64_t rows, int64_t kp);
+/* Lay the arrays out in `mem` (64-byte aligned, arbor_qact_bytes long). */
+ARBOR_SHARED void arbor_qact_init(ArborQAct *a, void *mem, int64_t rows, int64_t kp);
+/* Quantize row r from x (k_len floats; columns past k_len are zero). */
+ARBOR_SHARED void arbor_qact_quantize_row(ArborQAct *a, int64_t r, const float *x, int64_t k_len);
+/* y[m * ldy + (n - n0)] (+)= sum_k w[n, k] x[m, k] (+ bias[n]) for n in [n0, n1) and every
+ * activation row m; `accumulate` adds into y instead of storing. Serial. */
+ARBOR_SHARED void arbor_qmatmul_range(const ArborQWeight *w, const ArborQAct *a, int64_t n0, int64_t n1, float *y,
+                         int64_t ldy, int accumulate);
+
+/* ---- decode_attention.c: paged decode attention ------------------------------------------ */
+
+/* Query heads [h0, h1) of one request over its positions [p0, p1): out[h] (normalized
+ * over those positions) and lse[h] (log-sum-exp of the scaled scores there; -inf and a
+ * zero out for an empty range). q, out: [Hq, D]; lse: [Hq]; pages: the request's page
+ * table. Returns 0, 1 for a page id outside the pool, 2 for arguments the kernel refuses. */
+ARBOR_SHARED int arbor_attend_range(const float *q, const void *k, const void *v, const float *k_scale,
+                       const float *v_scale, int kv_kind, const int32_t *pages, int64_t p0,
+                       int64_t p1, int64_t num_pages, int64_t page_size, int64_t h0, int64_t h1,
+                       int64_t hq, int64_t hkv, int64_t dim, float scale, float *out, float *lse);
+
+/* A request's decode attention is the merge, in order, of partials over positions
+ * [0, 256), [256, 512), ...: how many partials a request of len tokens has. */
+ARBOR_SHARED int64_t arbor_attn_chunks(int64_t len);
+/* Positions [c * 256, min((c + 1) * 256, len)) of partial c. */
+#define ARBOR_ATTN_CHUNK 256
+/* Merge partial (part, part_lse) into (out, lse) for heads [h0, h1); all [Hq, D] / [Hq]. */
+ARBOR_SHARED void arbor_merge_partial(float *out, float *lse, const float *part, const float *part_lse,
+                                      int64_t h0, int64_t h1, int64_t dim);
+/* Heads [h0, h1) of one request over all len positions, partial by partial (chunk 0 into
+ * out / lse, each later one into tmp [Hq * D + Hq] and merged). Returns as arbor_attend_range. */
+ARBOR_SHARED int arbor_attend_chunked(const float *q, const void *k, const void *v, const float *k_scale,
+                                      const float *v_scale, int kv_kind, const int32_t *pages,
+                                      int64_t len, int64_t num_pages, int64_t page_size, int64_t h0,
+                                      int64_t h1, int64_t hq, int64_t hkv, int64_t dim, float scale,
+                                      float *out, float *lse, float *tmp);
+
+/* ---- store_kv.c: one (token, head) row into an 8-bit pool (kind 1 int8, 2 fp8) ----------- */
+ARBOR_SHARED void arbor_store_kv_row(const float *x, int64_t dim, int kind, void *codes, float *scale);
+
+/* ---- elementwise.c: one row at a time ---------------------------------------------------- */
+/* h += x (x may be NULL); out = w * h / rms(h). */
+ARBOR_SHARED void arbor_add_rms_norm_row(const float *x, float *h, const float *weight, float *out,
+                            int64_t hidden, float eps);
+/* out[i] = silu(g[i]) * u[i]. */
+ARBOR_SHARED void arbor_silu_mul_row(const float *g, const float *u, float *out, int64_t n);
+/* Rotate `heads` heads of head_dim at x (head stride head_dim) by one position's cos, sin. */
+ARBOR_SHARED void arbor_rotary_row(float *x, const float *cos, const float *sin, int64_t heads, int64_t head_dim);
+
+#endif

@@ -1,0 +1,308 @@
+/* A whole decode forward pass of a Llama-family model with block-quantized weights, in one
+ * call: the CPU's analogue of the CUDA graphs that SGLang and vLLM capture for decode.
+ *
+ * The layer-by-layer path runs ~12 kernels per layer, each a Python call, a dispatch, an
+ * OpenMP fork/join and a pass over memory; at batch 1 on the default model that overhead
+ * was ~14 of a 23 ms step (measured), more than the matmuls. Here every op of every layer
+ * runs inside one OpenMP parallel region, phases separated by barriers, with the same
+ * serial pieces the layer-by-layer kernels use (arbor_cpu.h), so the arithmetic is theirs:
+ *
+ *   h = embeddings                                   (the caller looks them up)
+ *   per layer:  x = quantize(rms_norm(h))            rows over threads
+ *               qkv = Wqkv x (+ bias)                output rows over threads
+ *               rotate q, k; store k, v in the pool  rows over threads
+ *               attention partials                   (request, KV head, chunk) over threads
+ *               x = quantize(merge(partials))        rows over threads
+ *               h += Wo x                            output rows over threads
+ *               x = quantize(rms_norm(h))
+ *               a = silu(Wgate x) * (Wup x)          output rows over threads (fused)
+ *               x = quantize(a)
+ *               h += Wdown x
+ *   logits = Whead quantize(rms_norm(h))
+ *
+ * Attention's work items are (request, KV head, 256-position partial), so one long request
+ * spreads over every thread; the partials merge in order exactly as the layer-by-layer
+ * kernel merges them (arbor_attend_chunked), so both paths compute the same bits.
+ *
+ * Every residual add happens in h (the o and down projections accumulate into it), which
+ * is the caller's [B, hidden] buffer; the layer-by-layer path's fused add + norm computes
+ * the same sums in the same order.
+ *
+ * NOTE: the phases meet at a spinning barrier of our own, not OpenMP's. libgomp makes its
+ * waiting threads sleep after ~1000 spins once it manages more threads than there are
+ * CPUs, which it does as soon as a second thread (the engine's) opens a parallel region
+ * beside the main thread's: each of the ~300 barriers of a step then costs a futex wake,
+ * and a batch-1 step took 17.3 ms instead of 8.0 (measured, 2 threads). The team is forked
+ * once per step; between phases nobody sleeps (a waiter yields its core after a while, so
+ * an oversubscribed machine still makes progress).
+ */
+#include <math.h>
+#include <omp.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CPU_RELAX() _mm_pause()
+#else
+#define CPU_RELAX() ((void)0)
+#endif
+
+#include "arbor_cpu.h"
+#include "fastmath.h"
+
+#define TILE 16 /* weight rows per work item of a matmul */
+#define SPINS_BEFORE_YIELD 4096
+
+/* A sense-reversing barrier shared by the team of one step. */
+typedef struct {
+    atomic_int arrived, sense;
+} SpinBarrier;
+
+/* One thread's view of the team: its index, the team size, and the barrier. */
+typedef struct {
+    int tid, size, sense;
+    SpinBarrier *barrier;
+} Team;
+
+static void team_sync(Team *t) {
+    if (t->size == 1) return;
+    t->sense = !t->sense;
+    if (atomic_fetch_add(&t->barrier->arrived, 1) == t->size - 1) {
+        atomic_store(&t->barrier->arrived, 0);
+        atomic_store(&t->barrier->sense, t->sense); /* releases everyone's writes */
+        return;
+    }
+    for (int spins = 0; atomic_load(&t->barrier->sense) != t->sense;) {
+        CPU_RELAX();
+        if (++spins == SPINS_BEFORE_YIELD) spins = 0, sched_yield();
+    }
+}
+
+/* This thread's contiguous share [lo, hi) of n items. */
+static void share(const Team *t, int64_t n, int64_t *lo, int64_t *hi) {
+    *lo = n * t->tid / t->size;
+    *hi = n * (t->tid + 1) / t->size;
+}
+
+typedef struct {
+    ArborQWeight qkv, o, gate_up, down;
+    const float *input_norm, *post_norm; /* [hidden] */
+    void *k, *v;                         /* this layer's pool, [num_slots, Hkv, D] */
+    float *k_scale, *v_scale;            /* [num_slots, Hkv] of an 8-bit pool, else NULL */
+} ArborDecodeLayer;
+
+typedef struct {
+    int64_t num_layers, hidden, inter, num_heads, num_kv_heads, head_dim, vocab;
+    float eps, attn_scale;
+    int32_t kv_kind; /* 0 fp32, 1 int8, 2 fp8 e4m3 */
+    int64_t num_slots, page_size;
+    const ArborDecodeLayer *layers; /* [num_layers] */
+    const float *final_norm;        /* [hidden] */
+    ArborQWeight lm_head;
+} ArborDecodeModel;
+
+/* Where each piece of the scratch memory lies for a batch (all offsets 64-byte aligned). */
+typedef struct {
+    int64_t chunks, qkv_width, tmp_floats; /* chunks: attention partials per request, at most */
+    size_t qkv, part_out, part_lse, mlp, act_h, act_o, act_i, tmp, total;
+} Layout;
+
+static size_t align64(size_t n) { return (n + 63) / 64 * 64; }
+
+static Layout layout_for(const ArborDecodeModel *m, int64_t batch, int64_t max_len, int num_threads) {
+    Layout l;
+    const int64_t hq_d = m->num_heads * m->head_dim;
+    l.chunks = arbor_attn_chunks(max_len);
+    l.qkv_width = hq_d + 2 * m->num_kv_heads * m->head_dim;
+    const int64_t row = m->hidden > hq_d ? m->hidden : hq_d;
+    l.tmp_floats = row + 2 * batch * TILE;
+    size_t at = 0;
+#define PLACE(FIELD, BYTES) l.FIELD = at, at += align64(BYTES)
+    PLACE(qkv, 4 * (size_t)(batch * l.qkv_width));
+    PLACE(part_out, 4 * (size_t)(batch * l.chunks * hq_d));
+    PLACE(part_lse, 4 * (size_t)(batch * l.chunks * m->num_heads));
+    PLACE(mlp, 4 * (size_t)(batch * m->inter));
+    PLACE(act_h, arbor_qact_bytes(batch, m->layers[0].qkv.kp));
+    PLACE(act_o, arbor_qact_bytes(batch, m->layers[0].o.kp));
+    PLACE(act_i, arbor_qact_bytes(batch, m->layers[0].down.kp));
+    PLACE(tmp, 4 * (size_t)(num_threads * l.tmp_floats));
+#undef PLACE
+    l.total = at;
+    return l;
+}
+
+/* Bytes of scratch memory arbor_decode_step needs for this batch size, longest sequence
+ * (seq_lens' largest) and thread count. */
+int64_t arbor_decode_scratch_bytes(const ArborDecodeModel *m, int64_t batch, int64_t max_len, int num_threads) {
+    return (int64_t)layout_for(m, batch, max_len, num_threads).total;
+}
+
+/* Output rows [0, n_out) of w, TILE-row tiles shared over the team; y row stride ldy. */
+static void matmul(Team *team, const ArborQWeight *w, const ArborQAct *a, float *y, int64_t ldy,
+                   int accumulate) {
+    int64_t lo, hi;
+    share(team, (w->n_out + TILE - 1) / TILE, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) {
+        const int64_t n0 = t * TILE, n1 = n0 + TILE < w->n_out ? n0 + TILE : w->n_out;
+        arbor_qmatmul_range(w, a, n0, n1, y + n0, ldy, accumulate);
+    }
+    team_sync(team);
+}
+
+/* a = quantize(rms_norm(h) * weight), rows over the team. */
+static void norm_quantize(Team *team, const ArborDecodeModel *m, float *h, const float *weight,
+                          ArborQAct *a, int64_t batch, float *tmp) {
+    int64_t lo, hi;
+    share(team, batch, &lo, &hi);
+    for (int64_t b = lo; b < hi; b++) {
+        arbor_add_rms_norm_row(NULL, h + b * m->hidden, weight, tmp, m->hidden, m->eps);
+        arbor_qact_quantize_row(a, b, tmp, m->hidden);
+    }
+    team_sync(team);
+}
+
+/* Rotate q and k of each row and store its k, v in its pool slot (checked by the caller). */
+static void rotate_and_store(Team *team, const ArborDecodeModel *m, const ArborDecodeLayer *layer,
+                             float *qkv, int64_t width, const float *cos, const float *sin,
+                             const int64_t *slots, int64_t batch) {
+    const int64_t hq = m->num_heads, hkv = m->num_kv_heads, dim = m->head_dim, half = dim / 2;
+    int64_t lo, hi;
+    share(team, batch, &lo, &hi);
+    for (int64_t b = lo; b < hi; b++) {
+        float *row = qkv + b * width, *k = row + hq * dim, *v = k + hkv * dim;
+        arbor_rotary_row(row, cos + b * half, sin + b * half, hq + hkv, dim);
+        const int64_t slot = slots[b];
+        for (int64_t h = 0; h < hkv; h++) {
+            const int64_t at = slot * hkv + h;
+            if (m->kv_kind == 0) {
+                memcpy((float *)layer->k + at * dim, k + h * dim, sizeof(float) * (size_t)dim);
+                memcpy((float *)layer->v + at * dim, v + h * dim, sizeof(float) * (size_t)dim);
+            } else {
+                arbor_store_kv_row(k + h * dim, dim, m->kv_kind, (int8_t *)layer->k + at * dim, layer->k_scale + at);
+                arbor_store_kv_row(v + h * dim, dim, m->kv_kind, (int8_t *)layer->v + at * dim, layer->v_scale + at);
+            }
+        }
+    }
+    team_sync(team);
+}
+
+typedef struct {
+    int64_t batch, max_pages;
+    const float *cos, *sin;
+    const int64_t *slots;
+    const int32_t *page_table, *seq_lens;
+} StepInputs;
+
+/* Attention of every request for one layer, written as quantized o-projection input. */
+static int attention(Team *team, const ArborDecodeModel *m, const ArborDecodeLayer *layer,
+                     const Layout *l, char *scratch, const StepInputs *in, ArborQAct *act_o) {
+    const int64_t hq = m->num_heads, hkv = m->num_kv_heads, dim = m->head_dim, group = hq / hkv;
+    const int64_t chunks = l->chunks, items = in->batch * hkv * chunks;
+    const float *qkv = (const float *)(scratch + l->qkv);
+    float *part_out = (float *)(scratch + l->part_out), *part_lse = (float *)(scratch + l->part_lse);
+    const int64_t num_pages = m->num_slots / m->page_size;
+    int bad = 0;
+    /* NOTE: items (request, KV head, partial) interleave over the team (item i to thread
+     * i % size), so a long request's partials spread over every thread. */
+    for (int64_t item = team->tid; item < items; item += team->size) {
+        const int64_t b = item / (hkv * chunks), kvh = (item / chunks) % hkv, c = item % chunks;
+        const int64_t len = in->seq_lens[b];
+        if (c >= arbor_attn_chunks(len)) continue;
+        const int64_t p0 = c * ARBOR_ATTN_CHUNK, p1 = p0 + ARBOR_ATTN_CHUNK < len ? p0 + ARBOR_ATTN_CHUNK : len;
+        const int status = arbor_attend_range(
+            qkv + b * l->qkv_width, layer->k, layer->v, layer->k_scale, layer->v_scale, m->kv_kind,
+            in->page_table + b * in->max_pages, p0, p1, num_pages, m->page_size, kvh * group,
+            (kvh + 1) * group, hq, hkv, dim, m->attn_scale, part_out + (b * chunks + c) * hq * dim,
+            part_lse + (b * chunks + c) * hq);
+        if (status != 0) bad = status; /* this thread's; the region ORs them */
+    }
+    team_sync(team);
+    int64_t lo, hi;
+    share(team, in->batch, &lo, &hi);
+    for (int64_t b = lo; b < hi; b++) { /* partial 0 becomes the output; the rest merge into it in order */
+        float *out = part_out + b * chunks * hq * dim, *lse = part_lse + b * chunks * hq;
+        for (int64_t c = 1; c < arbor_attn_chunks(in->seq_lens[b]); c++)
+            arbor_merge_partial(out, lse, out + c * hq * dim, lse + c * hq, 0, hq, dim);
+        arbor_qact_quantize_row(act_o, b, out, hq * dim);
+    }
+    team_sync(team);
+    return bad;
+}
+
+/* One decoder layer for the batch; the team runs it together. */
+static int layer_step(Team *team, const ArborDecodeModel *m, const ArborDecodeLayer *layer,
+                      const Layout *l, char *scratch, const StepInputs *in, float *h, ArborQAct *act_h,
+                      ArborQAct *act_o, ArborQAct *act_i, float *tmp) {
+    const int64_t batch = in->batch, inter = m->inter;
+    float *qkv = (float *)(scratch + l->qkv), *mlp = (float *)(scratch + l->mlp);
+    norm_quantize(team, m, h, layer->input_norm, act_h, batch, tmp);
+    matmul(team, &layer->qkv, act_h, qkv, l->qkv_width, 0);
+    rotate_and_store(team, m, layer, qkv, l->qkv_width, in->cos, in->sin, in->slots, batch);
+    const int bad = attention(team, m, layer, l, scratch, in, act_o);
+    matmul(team, &layer->o, act_o, h, m->hidden, 1);
+    norm_quantize(team, m, h, layer->post_norm, act_h, batch, tmp);
+    /* gate rows [n0, n1) and their up rows [inter + n0, inter + n1) in one work item */
+    float *gate = tmp + (l->tmp_floats - 2 * batch * TILE), *up = gate + batch * TILE;
+    int64_t lo, hi;
+    share(team, (inter + TILE - 1) / TILE, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) {
+        const int64_t n0 = t * TILE, n1 = n0 + TILE < inter ? n0 + TILE : inter;
+        arbor_qmatmul_range(&layer->gate_up, act_h, n0, n1, gate, TILE, 0);
+        arbor_qmatmul_range(&layer->gate_up, act_h, inter + n0, inter + n1, up, TILE, 0);
+        for (int64_t b = 0; b < batch; b++)
+            arbor_silu_mul_row(gate + b * TILE, up + b * TILE, mlp + b * inter + n0, n1 - n0);
+    }
+    team_sync(team);
+    share(team, batch, &lo, &hi);
+    for (int64_t b = lo; b < hi; b++) arbor_qact_quantize_row(act_i, b, mlp + b * inter, inter);
+    team_sync(team);
+    matmul(team, &layer->down, act_i, h, m->hidden, 1);
+    return bad;
+}
+
+/* The whole decode step. h: [B, hidden] embeddings of the new tokens (overwritten: it
+ * holds the residual stream); cos, sin: [B, D/2] of each token's position; slots: [B] pool
+ * slot of each new token; page_table: [B, max_pages]; seq_lens: [B] tokens in the pool
+ * after this step's (the new one included); logits: [B, vocab]. scratch: at least
+ * arbor_decode_scratch_bytes(m, B, num_threads) bytes, 64-byte aligned.
+ * Returns 0; 1 for a slot, length or page id outside the pool; 2 for a refused shape;
+ * 3 for too little scratch. */
+int arbor_decode_step(const ArborDecodeModel *m, int64_t batch, float *h, const float *cos,
+                      const float *sin, const int64_t *slots, const int32_t *page_table,
+                      int64_t max_pages, const int32_t *seq_lens, float *logits, void *scratch,
+                      int64_t scratch_bytes, int num_threads) {
+    if (batch <= 0) return 0;
+    if (num_threads < 1) num_threads = 1;
+    int64_t max_len = 0;
+    for (int64_t b = 0; b < batch; b++) {
+        if (slots[b] < 0 || slots[b] >= m->num_slots) return 1;
+        if (seq_lens[b] < 1 || seq_lens[b] > max_pages * m->page_size) return 1;
+        max_len = seq_lens[b] > max_len ? seq_lens[b] : max_len;
+    }
+    const Layout l = layout_for(m, batch, max_len, num_threads);
+    if ((int64_t)l.total > scratch_bytes) return 3;
+    char *mem = scratch;
+    ArborQAct act_h, act_o, act_i;
+    arbor_qact_init(&act_h, mem + l.act_h, batch, m->layers[0].qkv.kp);
+    arbor_qact_init(&act_o, mem + l.act_o, batch, m->layers[0].o.kp);
+    arbor_qact_init(&act_i, mem + l.act_i, batch, m->layers[0].down.kp);
+    const StepInputs in = {batch, max_pages, cos, sin, slots, page_table, seq_lens};
+    SpinBarrier barrier;
+    atomic_init(&barrier.arrived, 0);
+    atomic_init(&barrier.sense, 0);
+    int bad = 0;
+#pragma omp parallel num_threads(num_threads) reduction(| : bad)
+    {
+        /* NOTE: the team's size is what OpenMP gave, which can be fewer than asked */
+        Team team = {omp_get_thread_num(), omp_get_num_threads(), 0, &barrier};
+        float *tmp = (float *)(mem + l.tmp) + team.tid * l.tmp_floats;
+        for (int64_t i = 0; i < m->num_layers; i++)
+            bad |= layer_step(&team, m, &m->layers[i], &l, mem, &in, h, &act_h, &act_o, &act_i, tmp);
+        norm_quantize(&team, m, h, m->final_norm, &act_h, batch, tmp);
+        matmul(&team, &m->lm_head, &act_h, logits, m->vocab, 0);
+    }
+    return bad;
+}

@@ -1,0 +1,218 @@
+"""The fused decode step for the CPU in C (``decode_step.c``): the wrapper that checks the
+model and the pool once, lays the weights' pointers out as the C structs, and checks each
+step's inputs.
+
+The weights and the pool are the model's own tensors (nothing is copied); a bound step
+keeps references to them, so they live as long as it does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kernels.cpu.build import build_library
+from kernels.cpu.decode_attention import KV_KINDS, MAX_DIM, MAX_HEADS
+from kernels.reference.quant import QuantizedWeight
+
+_P, _I, _F, _N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+_SOURCES = ("quant_linear", "decode_attention", "store_kv", "elementwise")
+
+
+class _QWeight(ctypes.Structure):  # ArborQWeight
+    _fields_ = [("codes", _P), ("d", _P), ("m", _P), ("bias", _P), ("n_out", _I), ("k_len", _I),
+                ("kp", _I), ("num_groups", _I), ("group_shift", ctypes.c_int32), ("bits", ctypes.c_int32)]
+
+
+class _Layer(ctypes.Structure):  # ArborDecodeLayer
+    _fields_ = [("qkv", _QWeight), ("o", _QWeight), ("gate_up", _QWeight), ("down", _QWeight),
+                ("input_norm", _P), ("post_norm", _P), ("k", _P), ("v", _P), ("k_scale", _P),
+                ("v_scale", _P)]
+
+
+class _Model(ctypes.Structure):  # ArborDecodeModel
+    _fields_ = [("num_layers", _I), ("hidden", _I), ("inter", _I), ("num_heads", _I),
+                ("num_kv_heads", _I), ("head_dim", _I), ("vocab", _I), ("eps", _F),
+                ("attn_scale", _F), ("kv_kind", ctypes.c_int32), ("num_slots", _I), ("page_size", _I),
+                ("layers", ctypes.POINTER(_Layer)), ("final_norm", _P), ("lm_head", _QWeight)]
+
+
+@dataclass(frozen=True)
+class DecodeLayerWeights:
+    """One decoder layer as the fused step reads it (fused q/k/v and gate/up rows)."""
+
+    qkv: QuantizedWeight  # [Hq*D + 2*Hkv*D, hidden]
+    qkv_bias: torch.Tensor | None  # [Hq*D + 2*Hkv*D] fp32 (Qwen2), or None
+    o: QuantizedWeight  # [hidden, Hq*D]
+    gate_up: QuantizedWeight  # [2*inter, hidden]: gate rows, then up rows
+    down: QuantizedWeight  # [hidden, inter]
+    input_norm: torch.Tensor  # [hidden] fp32
+    post_norm: torch.Tensor  # [hidden] fp32
+
+
+@dataclass(frozen=True)
+class DecodeModelWeights:
+    """The whole model for the fused step; the embedding lookup stays with the caller."""
+
+    layers: tuple[DecodeLayerWeights, ...]
+    final_norm: torch.Tensor  # [hidden] fp32
+    lm_head: QuantizedWeight  # [vocab, hidden]
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    eps: float  # RMSNorm epsilon
+
+
+@dataclass(frozen=True)
+class DecodePool:
+    """The paged KV pool the step reads and writes (``runtime.model.kv_cache`` layout)."""
+
+    k: tuple[torch.Tensor, ...]  # per layer [num_slots, Hkv, D], fp32 / int8 / fp8
+    v: tuple[torch.Tensor, ...]
+    k_scale: tuple[torch.Tensor, ...] | None  # per layer [num_slots, Hkv] fp32 (8-bit pools)
+    v_scale: tuple[torch.Tensor, ...] | None
+    page_size: int
+
+
+class UnsupportedDecodeModel(ValueError):
+    """The model or pool is not one the fused step handles (the caller keeps the layer-by-
+    layer path)."""
+
+
+class CpuDecodeStep:
+    """The compiled library; ``bind`` checks a model and pool and returns the step."""
+
+    def __init__(self, cache_dir: Path) -> None:
+        lib = build_library("decode_step", cache_dir, with_sources=_SOURCES)
+        self._step = lib.arbor_decode_step
+        self._step.argtypes = [ctypes.POINTER(_Model), _I, _P, _P, _P, _P, _P, _I, _P, _P, _P, _I, _N]
+        self._step.restype = ctypes.c_int
+        self._scratch = lib.arbor_decode_scratch_bytes
+        self._scratch.argtypes, self._scratch.restype = [ctypes.POINTER(_Model), _I, _I, _N], _I
+
+    def bind(self, weights: DecodeModelWeights, pool: DecodePool) -> BoundDecodeStep:
+        """Raises ``UnsupportedDecodeModel`` naming what does not fit."""
+        return BoundDecodeStep(self._step, self._scratch, weights, pool)
+
+
+def _cpu(t: torch.Tensor, dtype: torch.dtype, name: str) -> torch.Tensor:
+    if t.device.type != "cpu" or t.dtype != dtype or not t.is_contiguous():
+        raise UnsupportedDecodeModel(f"{name} must be a contiguous {dtype} CPU tensor, got "
+                                     f"{t.dtype} on {t.device}")
+    return t
+
+
+def _qweight(w: QuantizedWeight, rows: int, cols: int, name: str, bias: torch.Tensor | None = None) -> _QWeight:
+    if (w.out_features, w.in_features) != (rows, cols):
+        raise UnsupportedDecodeModel(f"{name} is [{w.out_features}, {w.in_features}], expected [{rows}, {cols}]")
+    for part, t in (("codes", w.codes), ("scales", w.scales), ("offsets", w.offsets)):
+        _cpu(t, t.dtype, f"{name}.{part}")
+    if bias is not None:
+        _cpu(bias, torch.float32, f"{name} bias")
+    return _QWeight(w.codes.data_ptr(), w.scales.data_ptr(), w.offsets.data_ptr(),
+                    0 if bias is None else bias.data_ptr(), w.out_features, w.in_features,
+                    w.padded_features, w.num_groups, w.group_shift, w.bits)
+
+
+class BoundDecodeStep:
+    """The fused step over one model and pool: ``__call__`` runs a decode-only batch."""
+
+    def __init__(self, step: Any, scratch_fn: Any, weights: DecodeModelWeights, pool: DecodePool) -> None:
+        self._step, self._scratch_fn = step, scratch_fn
+        self._keep: list[Any] = [weights, pool]  # the pointers below point into these
+        self.hidden = hidden = int(weights.final_norm.shape[0])
+        self.vocab = weights.lm_head.out_features
+        hq, hkv, dim = weights.num_heads, weights.num_kv_heads, weights.head_dim
+        if hkv < 1 or hq % hkv or hq > MAX_HEADS or dim > MAX_DIM or dim % 2:
+            raise UnsupportedDecodeModel(f"{hq} query heads over {hkv} KV heads of dim {dim}")
+        if not weights.layers or len(pool.k) != len(weights.layers):
+            raise UnsupportedDecodeModel("the pool needs one K/V buffer pair per layer")
+        kind = KV_KINDS.get(pool.k[0].dtype)
+        if kind is None:
+            raise UnsupportedDecodeModel(f"KV pool dtype {pool.k[0].dtype}")
+        self.num_slots = int(pool.k[0].shape[0])
+        inter = weights.layers[0].gate_up.out_features // 2
+        layers = (_Layer * len(weights.layers))()
+        for i, lw in enumerate(weights.layers):
+            layers[i] = self._layer(lw, pool, i, kind, hidden, inter, hq, hkv, dim)
+        widths = {layers[0].qkv.kp, layers[0].gate_up.kp}
+        head = _qweight(weights.lm_head, self.vocab, hidden, "lm_head")
+        if len(widths | {head.kp}) != 1:
+            raise UnsupportedDecodeModel("qkv, gate_up and lm_head must share one padded width")
+        self._layers = layers
+        self._model = _Model(len(weights.layers), hidden, inter, hq, hkv, dim, self.vocab, weights.eps,
+                             dim**-0.5, kind, self.num_slots, pool.page_size, layers,
+                             _cpu(weights.final_norm, torch.float32, "final_norm").data_ptr(), head)
+        self.page_size = pool.page_size
+        self._buffer = torch.empty(0, dtype=torch.uint8)
+
+    @staticmethod
+    def _layer(lw: DecodeLayerWeights, pool: DecodePool, i: int, kind: int, hidden: int, inter: int,
+               hq: int, hkv: int, dim: int) -> _Layer:
+        name = f"layers[{i}]"
+        k, v = pool.k[i], pool.v[i]
+        shape = (k.shape[0], hkv, dim)
+        if tuple(k.shape) != shape or tuple(v.shape) != shape:
+            raise UnsupportedDecodeModel(f"{name} pool is {tuple(k.shape)}, expected [num_slots, {hkv}, {dim}]")
+        _cpu(k, k.dtype, f"{name}.k"), _cpu(v, k.dtype, f"{name}.v")
+        scales = (0, 0)
+        if kind != 0:
+            if pool.k_scale is None or pool.v_scale is None:
+                raise UnsupportedDecodeModel("an 8-bit pool needs its row scales")
+            ks = _cpu(pool.k_scale[i], torch.float32, f"{name}.k_scale")
+            vs = _cpu(pool.v_scale[i], torch.float32, f"{name}.v_scale")
+            scales = (ks.data_ptr(), vs.data_ptr())
+        qkv_rows = (hq + 2 * hkv) * dim
+        return _Layer(
+            _qweight(lw.qkv, qkv_rows, hidden, f"{name}.qkv", lw.qkv_bias),
+            _qweight(lw.o, hidden, hq * dim, f"{name}.o"),
+            _qweight(lw.gate_up, 2 * inter, hidden, f"{name}.gate_up"),
+            _qweight(lw.down, hidden, inter, f"{name}.down"),
+            _cpu(lw.input_norm, torch.float32, f"{name}.input_norm").data_ptr(),
+            _cpu(lw.post_norm, torch.float32, f"{name}.post_norm").data_ptr(),
+            k.data_ptr(), v.data_ptr(), *scales,
+        )
+
+    def __call__(
+        self,
+        h: torch.Tensor,  # [B, hidden] fp32 embeddings of the new tokens (overwritten)
+        cos: torch.Tensor,  # [B, D/2] fp32
+        sin: torch.Tensor,  # [B, D/2] fp32
+        slots: torch.Tensor,  # [B] int64 pool slot of each new token
+        page_table: torch.Tensor,  # [B, max_pages] int32
+        seq_lens: torch.Tensor,  # [B] int32, tokens in the pool after this step's
+    ) -> torch.Tensor:  # [B, vocab] fp32 logits
+        batch = h.shape[0]
+        if h.dtype != torch.float32 or tuple(h.shape) != (batch, self.hidden) or not h.is_contiguous():
+            raise ValueError(f"h must be contiguous fp32 [B, {self.hidden}], got {h.dtype} {tuple(h.shape)}")
+        for name, t, dtype in (("slots", slots, torch.int64), ("seq_lens", seq_lens, torch.int32)):
+            if t.dtype != dtype or tuple(t.shape) != (batch,):
+                raise ValueError(f"{name} must be {dtype} [{batch}], got {t.dtype} {tuple(t.shape)}")
+        if page_table.dtype != torch.int32 or page_table.dim() != 2 or page_table.shape[0] != batch:
+            raise ValueError(f"page_table must be int32 [{batch}, max_pages]")
+        cos, sin = cos.contiguous(), sin.contiguous()
+        table, slots, lens = page_table.contiguous(), slots.contiguous(), seq_lens.contiguous()
+        logits = torch.empty(batch, self.vocab, dtype=torch.float32)
+        if batch == 0:
+            return logits
+        max_len = int(lens.max())
+        if max_len > table.shape[1] * self.page_size or int(lens.min()) < 1:
+            raise ValueError("a sequence length lies outside the KV pool or page table")
+        threads = torch.get_num_threads()
+        need = int(self._scratch_fn(ctypes.byref(self._model), batch, max_len, threads)) + 64
+        if self._buffer.numel() < need:
+            self._buffer = torch.empty(need, dtype=torch.uint8)
+        base = self._buffer.data_ptr()
+        aligned = (base + 63) // 64 * 64  # NOTE: the C side lays its arrays out 64-byte aligned
+        status = self._step(ctypes.byref(self._model), batch, h.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                            slots.data_ptr(), table.data_ptr(), table.shape[1], lens.data_ptr(),
+                            logits.data_ptr(), aligned, need - (aligned - base), threads)
+        if status == 1:
+            raise ValueError("a slot, sequence length or page id lies outside the KV pool or page table")
+        if status != 0:
+            raise ValueError(f"decode step kernel refused its arguments (status {status})")
+        return logits

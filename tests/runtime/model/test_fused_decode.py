@@ -1,0 +1,198 @@
+"""The fused decode step (one native call per decode-only batch) against its reference, the
+layer-by-layer path: the same K/V written to the pool and the same logits, bit for bit
+(both run the same serial pieces, and attention merges the same 256-position partials in
+the same order), whatever the batch; greedy tokens equal through the engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernels
+from kernels import UnsupportedDecodeModel
+from runtime import Engine, SamplingParams
+from runtime.model.fused_decode import FusedDecode
+from runtime.model.kv_cache import KVCache
+from runtime.model.loader import load_model
+from runtime.model.quant import quantize_model
+from runtime.model.runner import ModelRunner
+from runtime.scheduler.batch import ForwardBatch, ForwardSeq
+
+CPU = torch.device("cpu")
+NUM_PAGES = 1200
+
+
+@pytest.fixture(autouse=True)
+def _kernels_on(cpu_kernels_enabled: None) -> None:
+    """Every test here compares against the layer-by-layer path with the C kernels on."""
+
+
+def _model(model_dir: Path, fmt: str) -> torch.nn.Module:
+    model = load_model(model_dir, CPU, torch.float32, 1024)
+    quantize_model(model, fmt)
+    return model
+
+
+def _runners(model: torch.nn.Module, page_size: int, kv_dtype: torch.dtype) -> tuple[ModelRunner, ModelRunner]:
+    """(layer by layer, fused) over two pools of one shape."""
+    a = model.args
+    pools = [KVCache(a.num_layers, NUM_PAGES, page_size, a.num_kv_heads, a.head_dim, kv_dtype, CPU) for _ in range(2)]
+    return (ModelRunner(model, pools[0], CPU),
+            ModelRunner(model, pools[1], CPU, FusedDecode.build(model, pools[1], CPU)))
+
+
+def _prompts(lengths: list[int]) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(sum(lengths))
+    return [[1, *torch.randint(1000, 40000, (n - 1,), generator=gen).tolist()] for n in lengths]
+
+
+class Seqs:
+    """Requests laid out on disjoint pages; each step appends one token to each."""
+
+    def __init__(self, prompts: list[list[int]], page_size: int) -> None:
+        self.page_size, self.tokens, self.pages = page_size, [list(p) for p in prompts], []
+        next_page = 1  # NOTE: page 0 is the padding page
+        for p in prompts:
+            count = -(-(len(p) + 8) // page_size)  # room for 8 decode steps
+            self.pages.append(tuple(range(next_page, next_page + count)))
+            next_page += count
+        assert next_page <= NUM_PAGES
+
+    def prefill(self) -> ForwardBatch:
+        return ForwardBatch(tuple(ForwardSeq(f"r{i}", tuple(t), 0, self._pages(i, len(t)), "last")
+                                  for i, t in enumerate(self.tokens)), ())
+
+    def decode(self, new: list[int]) -> ForwardBatch:
+        for t, n in zip(self.tokens, new, strict=True):
+            t.append(n)
+        return ForwardBatch((), tuple(ForwardSeq(f"r{i}", (t[-1],), len(t) - 1, self._pages(i, len(t)), "last")
+                                      for i, t in enumerate(self.tokens)))
+
+    def _pages(self, i: int, length: int) -> tuple[int, ...]:
+        return self.pages[i][: -(-length // self.page_size)]
+
+
+def _slots(seqs: Seqs) -> torch.Tensor:
+    """Pool slots of every request's newest token."""
+    return torch.tensor([seqs.pages[i][(len(t) - 1) // seqs.page_size] * seqs.page_size
+                         + (len(t) - 1) % seqs.page_size for i, t in enumerate(seqs.tokens)])
+
+
+def _assert_same_kv(a: KVCache, b: KVCache, slots: torch.Tensor) -> None:
+    """Every layer's new K/V (and scales), bit for bit."""
+    for layer in range(len(a.k)):
+        for x, y in zip(a.layer(layer), b.layer(layer), strict=True):
+            if x is not None and y is not None:
+                assert torch.equal(x[slots].view(torch.uint8), y[slots].view(torch.uint8)), layer
+
+
+# NOTE: 600 tokens make 3 attention partials (256 + 256 + 88), spread over both threads by
+# the fused step and merged in one thread by the layer-by-layer kernel.
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.int8, torch.float8_e4m3fn])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_fused_steps_equal_the_layer_by_layer_path(fmt: str, kv_dtype: torch.dtype, page_size: int,
+                                                    tiny_llama_dir: Path) -> None:
+    model = _model(tiny_llama_dir, fmt)
+    eager, fused = _runners(model, page_size, kv_dtype)
+    for lengths in ([600], [5, 300, 17], [3, 9, 33, 70, 2]):
+        seqs = Seqs(_prompts(lengths), page_size)
+        with torch.inference_mode():
+            first = eager.forward(seqs.prefill())
+            fused.forward(seqs.prefill())  # NOTE: a prefill takes the layer-by-layer path in both
+            new = first.logits.argmax(dim=-1).tolist()
+            for _ in range(3):
+                batch = seqs.decode(new)
+                want, got = eager.forward(batch), fused.forward(batch)
+                assert got.sample_ids == want.sample_ids == [f"r{i}" for i in range(len(lengths))]
+                assert torch.equal(got.logits, want.logits)
+                _assert_same_kv(eager.kv, fused.kv, _slots(seqs))
+                new = want.logits.argmax(dim=-1).tolist()
+
+
+def test_qkv_bias_and_tied_head(tiny_qwen2_dir: Path) -> None:
+    """Qwen2: q/k/v carry a bias; the head is the (quantized) embedding table."""
+    model = _model(tiny_qwen2_dir, "int8")
+    eager, fused = _runners(model, 4, torch.float32)
+    seqs = Seqs(_prompts([12, 30]), 4)
+    with torch.inference_mode():
+        new = eager.forward(seqs.prefill()).logits.argmax(dim=-1).tolist()
+        fused.forward(seqs.prefill())
+        batch = seqs.decode(new)
+        assert torch.equal(fused.forward(batch).logits, eager.forward(batch).logits)
+
+
+def test_models_it_does_not_take_are_refused_by_name(tiny_llama_dir: Path) -> None:
+    model = load_model(tiny_llama_dir, CPU, torch.float32, 1024)
+    a = model.args
+    kv = KVCache(a.num_layers, 8, 4, a.num_kv_heads, a.head_dim, torch.float32, CPU)
+    with pytest.raises(UnsupportedDecodeModel, match=r"layers\[0\].qkv_proj is Linear, not a quantized linear"):
+        FusedDecode.build(model, kv, CPU)
+    quantize_model(model, "int8")
+    with pytest.raises(UnsupportedDecodeModel, match="runs on the CPU"):
+        FusedDecode.build(model, kv, torch.device("meta"))
+    kernels.set_kernel_backend("torch")
+    try:
+        with pytest.raises(UnsupportedDecodeModel, match="native CPU kernels are not in use"):
+            FusedDecode.build(model, kv, CPU)
+    finally:
+        kernels.set_kernel_backend("auto")
+
+
+def test_out_of_range_inputs_are_refused(tiny_llama_dir: Path) -> None:
+    model = _model(tiny_llama_dir, "int8")
+    a = model.args
+    kv = KVCache(a.num_layers, 8, 4, a.num_kv_heads, a.head_dim, torch.float32, CPU)
+    step = FusedDecode.build(model, kv, CPU)
+    ids, pos, table = torch.tensor([5]), torch.tensor([2]), torch.tensor([[1]], dtype=torch.int32)
+    lens = torch.tensor([3], dtype=torch.int32)
+    with pytest.raises(ValueError, match="outside the KV pool"):
+        step.forward(ids, pos, torch.tensor([32]), table, lens)  # slot 32 of a 32-slot pool
+    with pytest.raises(ValueError, match="outside the KV pool"):
+        step.forward(ids, pos, torch.tensor([6]), table, torch.tensor([5], dtype=torch.int32))  # 5 > 1 page
+    with pytest.raises(ValueError, match="outside the KV pool"):
+        step.forward(ids, pos, torch.tensor([6]), torch.tensor([[9]], dtype=torch.int32), lens)  # page 9 of 8
+    with pytest.raises(ValueError, match="seq_lens must be torch.int32"):
+        step.forward(ids, pos, torch.tensor([6]), table, torch.tensor([3]))
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_engine_greedy_tokens_are_the_same_with_and_without(fmt: str, tiny_llama_dir: Path) -> None:
+    prompts = _prompts([7, 40, 3, 90, 12, 25])
+    params = SamplingParams(max_new_tokens=20, temperature=0.0, ignore_eos=True)
+    outs = {}
+    for on in (False, True):
+        engine = Engine(model=str(tiny_llama_dir), weights=fmt, fused_decode=on, speculation=False,
+                        page_size=4, num_pages=256)
+        assert (engine.runner.fused is not None) == on
+        outs[on] = [o.token_ids for o in engine.generate(input_ids=prompts, sampling_params=params)]
+        engine.check_integrity()
+        engine.close()
+    assert outs[True] == outs[False]
+
+
+def test_fp32_weights_keep_the_layer_by_layer_path(tiny_llama_dir: Path) -> None:
+    engine = Engine(model=str(tiny_llama_dir), weights="fp32", num_pages=64)
+    assert engine.runner.fused is None  # nothing to fuse: fp32 linears are oneDNN's
+    engine.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["gguf", "int8"])
+def test_default_model_greedy_tokens_are_the_same_with_and_without(fmt: str) -> None:
+    """The shipped model in its own Q4_1 blocks (and int8): 4 prompts x 48 greedy tokens,
+    batched together and alone."""
+    params = SamplingParams(max_new_tokens=48, temperature=0.0, ignore_eos=True)
+    questions = ["The capital of France is", "def fibonacci(n):", "Water boils at", "Once upon a time"]
+    outs = {}
+    for on in (False, True):
+        engine = Engine(model="default", weights=fmt, fused_decode=on, speculation=False, page_size=16,
+                        num_pages=512)
+        assert (engine.runner.fused is not None) == on
+        together = [o.token_ids for o in engine.generate(questions, params)]
+        alone = [engine.generate([q], params)[0].token_ids for q in questions[:2]]
+        outs[on] = (together, alone)
+        engine.close()
+    assert outs[True] == outs[False]
