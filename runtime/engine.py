@@ -29,7 +29,7 @@ from runtime.cache.radix_tree import RadixTree
 from runtime.config import EngineConfig
 from runtime.constrained import CheckedGrammar, GrammarCompiler
 from runtime.engine_core import EngineCore, StepHook
-from runtime.engine_setup import freeze_gc, fused_decode, load_engine_model
+from runtime.engine_setup import freeze_gc, fused_decode, load_engine_model, on_own_thread
 from runtime.errors import InvalidRequestError, PromptTooLongError, check_unicode
 from runtime.model.kv_cache import KVCache
 from runtime.model.loader import eos_token_ids
@@ -64,7 +64,7 @@ class Engine:
             requested = with_rendezvous(requested)
             self._tp = LeaderGroup(requested)  # NOTE: the other ranks load while we do
         try:
-            loaded = load_engine_model(requested)
+            loaded = on_own_thread(lambda: load_engine_model(requested))  # NOTE: see on_own_thread
         except BaseException:
             if self._tp is not None:
                 self._tp.close()
@@ -317,7 +317,8 @@ class Engine:
     def score(self, input_ids: list[int]) -> torch.Tensor:  # [len(input_ids), vocab] fp32
         """Logits of every position of ``input_ids`` (row ``i``: the token after
         ``input_ids[:i + 1]``), as serving computes them (same kernels, same KV dtype), for
-        quality replays (``arbor eval``). Runs on the caller's thread between two steps.
+        quality replays (``arbor eval``). Runs between two steps, on a thread of its own
+        (``engine_setup.on_own_thread``).
 
         Raises:
             InvalidRequestError / PromptTooLongError: empty, out-of-vocabulary or too long.
@@ -329,7 +330,7 @@ class Engine:
         if len(ids) > self.max_model_len:
             raise PromptTooLongError(f"{len(ids)} tokens to score; max_model_len is {self.max_model_len}")
         with self._core.between_steps():
-            return self._scorer.logits(ids)
+            return on_own_thread(lambda: self._scorer.logits(ids))
 
     # ---- introspection --------------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
