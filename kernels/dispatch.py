@@ -238,14 +238,12 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
         reference.apply_rotary(x, cos, sin)
 
 
-# Rows from which a quantized linear on the CPU dequantizes its weight and runs the fp32
-# matmul instead of the C kernel: the kernel takes one (weight row, activation row) dot
-# product at a time, which pays at decode shapes but not for a prefill chunk. Measured, one
-# 1536x576 4-bit weight, 1 thread (load ~10): kernel 0.62 / 2.5 / 102 ms at 16 / 64 / 512
-# rows; dequantize + F.linear 5.4 / 16.5 / 15.5 ms (oneDNN fp32: 0.27 / 0.66 / 13.5 ms).
-QUANT_KERNEL_MAX_ROWS = 128
-
-
+# NOTE: the C kernel takes every batch size on the CPU, prefill chunks too. Since its tiles
+# meet 4 activation rows x 2 weight rows at a time it is as fast as dequantizing the weight
+# and running fp32 F.linear at 1,024 rows, and faster below (measured, 2 threads, load ~1:
+# 3072x576 weight 0.47 / 3.5 / 12.7 / 24.7 ms at 16 / 128 / 512 / 1,024 rows against
+# 2.6 / 5.6 / 22.4 / 32.2 ms; 576x1536 0.20 / 1.2 / 5.8 / 11.7 against 0.63 / 2.2 / 5.5 /
+# 10.4), and prefill then runs the same int8-activation arithmetic as decode.
 def quantized_linear(
     x: torch.Tensor,  # [..., K]
     weight: QuantizedWeight,
@@ -254,10 +252,9 @@ def quantized_linear(
     """See ``kernels.reference.quant.quantized_linear``. The C kernel quantizes ``x`` to
     int8 per block of 32 first (llama.cpp's arithmetic; ``reference.quant.quantize_activations``);
     the reference, on other devices (CUDA included) and without the C kernels, dequantizes
-    the weight and multiplies in fp32, as do batches of ``QUANT_KERNEL_MAX_ROWS`` rows or more."""
+    the weight and multiplies in fp32."""
     native = _native(x)
-    rows = x.numel() // max(x.shape[-1], 1)
-    if native is not None and native.quant_linear.supports(x, weight) and rows < QUANT_KERNEL_MAX_ROWS:
+    if native is not None and native.quant_linear.supports(x, weight):
         return native.quant_linear(x, weight, bias)
     return reference.quantized_linear(x, weight, bias)
 

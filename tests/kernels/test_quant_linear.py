@@ -83,8 +83,9 @@ def test_dispatch_uses_the_kernel_and_falls_back_to_the_reference(
     native = dispatch.quantized_linear(x, weight)
     torch.testing.assert_close(native, Q.quantized_linear(Q.quantize_activations(x), weight),
                                atol=2e-5, rtol=1e-5)
-    many = _randn(dispatch.QUANT_KERNEL_MAX_ROWS, 256, seed=9)  # a prefill chunk: fp32 matmul
-    torch.testing.assert_close(dispatch.quantized_linear(many, weight), Q.quantized_linear(many, weight))
+    many = _randn(600, 256, seed=9)  # a prefill chunk takes the kernel too
+    torch.testing.assert_close(dispatch.quantized_linear(many, weight),
+                               Q.quantized_linear(Q.quantize_activations(many), weight), atol=2e-5, rtol=1e-5)
     dispatch.set_kernel_backend("torch")
     try:
         torch.testing.assert_close(dispatch.quantized_linear(x, weight), Q.quantized_linear(x, weight))
