@@ -21,6 +21,10 @@ from source, ~7 min with ``CMAKE_ARGS="-DGGML_NATIVE=ON"``).
     .venv/bin/python benchmarks/bench_quant.py [--formats fp32 int8 int4 gguf] [--repeats 3]
         [--threads 2] [--skip-llama] [--skip-memory] [--workloads b1 b32 prefix]
 
+A format ``<name>-eager`` (``gguf-eager``) runs that format without the fused decode step
+(``fused_decode=False``), and ``<name>`` is then also reported against it: the fused step
+against its own baseline, ``--formats gguf gguf-eager int8 int8-eager --skip-memory``.
+
 On a machine shared with other work, OpenMP barriers stall whenever another process holds
 a core: read the figures next to the load average printed with each row.
 """
@@ -60,11 +64,14 @@ def llama_cpp_available() -> bool:
 
 # ---- the two kinds of side -----------------------------------------------------------------
 class ArborSide:
-    def __init__(self, weights: str, threads: int) -> None:
+    def __init__(self, fmt: str, threads: int) -> None:
+        """``fmt``: a weights format, or ``<format>-eager`` for it without the fused decode
+        step (the layer-by-layer path: the fused step's baseline)."""
         from runtime import Engine
 
+        weights, eager = fmt.removesuffix("-eager"), fmt.endswith("-eager")
         self.engine = Engine(model="default", weights=weights, num_threads=threads, speculation=False,
-                             page_size=16)
+                             page_size=16, fused_decode=not eager)
 
     def run(self, prompts: Workload, new_tokens: int) -> float:
         """Seconds for all ``prompts`` in one ``generate`` (the engine batches them)."""
@@ -174,8 +181,10 @@ def _report(workload: str, tokens: int, seconds: dict[str, list[float]]) -> dict
     for name, value in tok_s.items():
         vs_fp32 = f"{value / base:5.2f}x fp32" if base else ""
         vs_peer = f"{value / peer:5.2f}x llama.cpp" if peer else ""
+        eager = tok_s.get(f"{name}-eager")
+        vs_eager = f"{value / eager:5.2f}x eager" if eager else ""
         runs = " ".join(f"{tokens / s:.1f}" for s in seconds[name])
-        print(f"  {name:<12} {value:8.1f} tok/s  {vs_fp32}  {vs_peer}   (runs: {runs})", flush=True)
+        print(f"  {name:<17} {value:8.1f} tok/s  {vs_fp32}  {vs_peer}  {vs_eager}   (runs: {runs})", flush=True)
     return {"workload": workload, "tokens": tokens, "tok_s": tok_s, "seconds": seconds, "load_average": load}
 
 
@@ -213,7 +222,7 @@ def peak_rss_mb(code: str) -> float:
 def run_memory(args: argparse.Namespace, gguf: str, with_llama: bool) -> dict[str, float]:
     print(f"\nmemory: peak RSS of examples/quickstart.py (load {load_average()})")
     rows = {}
-    for weights in args.formats:
+    for weights in [f for f in args.formats if not f.endswith("-eager")]:
         code = QUICKSTART.format(examples=str(ROOT / "examples"), weights=weights, threads=args.threads)
         rows[f"arbor-{weights}"] = peak_rss_mb(code)
     if with_llama:

@@ -32,6 +32,17 @@ version its answers carry (``X-Arbor-Model``, ``X-Arbor-Config-Version``).
     arbor serve --model default --port 30000 --max-prefill-tokens 256 &
     .venv/bin/python benchmarks/bench_serving.py --base-url http://127.0.0.1:30000/v1 \
         --rate 0.5 --num-requests 20
+
+Peer: llama.cpp's ``llama-server`` on the same GGUF (the default model's file is
+``runtime.model.default_model.default_gguf_file()``). It comes from the same source as the
+``bench`` extra's ``llama-cpp-python``: unpack that package's sdist (``pip download
+--no-deps --no-binary :all: llama-cpp-python==0.3.36``), configure its ``vendor/llama.cpp``
+with CMake (``-DGGML_NATIVE=ON -DLLAMA_CURL=OFF``) and build the ``llama-server`` target
+(~10 min on 2 cores). Then serve it on loopback and point ``--base-url`` at it:
+
+    llama-server -m MODEL.gguf -t 2 -tb 2 -np 8 -c 16384 --host 127.0.0.1 --port 30001 &
+    .venv/bin/python benchmarks/bench_serving.py --base-url http://127.0.0.1:30001/v1 \
+        --rate 1 --num-requests 30 --no-baseline --name serving_llama_server
 """
 
 from __future__ import annotations

@@ -119,7 +119,9 @@ def _qweight(w: QuantizedWeight, rows: int, cols: int, name: str, bias: torch.Te
 
 
 class BoundDecodeStep:
-    """The fused step over one model and pool: ``__call__`` runs a decode-only batch."""
+    """The fused step over one model and pool: ``__call__`` runs a decode-only batch.
+
+    One caller at a time (the engine thread): the scratch buffer is the step's own."""
 
     def __init__(self, step: Any, scratch_fn: Any, weights: DecodeModelWeights, pool: DecodePool) -> None:
         self._step, self._scratch_fn = step, scratch_fn
