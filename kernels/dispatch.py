@@ -238,12 +238,17 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
         reference.apply_rotary(x, cos, sin)
 
 
-# NOTE: the C kernel takes every batch size on the CPU, prefill chunks too. Since its tiles
-# meet 4 activation rows x 2 weight rows at a time it is as fast as dequantizing the weight
-# and running fp32 F.linear at 1,024 rows, and faster below (measured, 2 threads, load ~1:
-# 3072x576 weight 0.47 / 3.5 / 12.7 / 24.7 ms at 16 / 128 / 512 / 1,024 rows against
-# 2.6 / 5.6 / 22.4 / 32.2 ms; 576x1536 0.20 / 1.2 / 5.8 / 11.7 against 0.63 / 2.2 / 5.5 /
-# 10.4), and prefill then runs the same int8-activation arithmetic as decode.
+# Batch sizes the C kernel takes on the CPU. Its AVX-512 VNNI path, whose tiles meet 4
+# activation rows x 2 weight rows at a time, takes every size: it is as fast as dequantizing
+# the weight and running fp32 F.linear at 1,024 rows and faster below (measured, 2 threads,
+# load ~1: 3072x576 weight 0.47 / 3.5 / 12.7 / 24.7 ms at 16 / 128 / 512 / 1,024 rows against
+# 2.6 / 5.6 / 22.4 / 32.2 ms), and prefill then runs decode's int8-activation arithmetic. The
+# AVX2 and portable paths take one (weight row, activation row) pair at a time and lose from
+# a few hundred rows (AVX2 build, same weight: 8.5 / 17.0 / 34.0 ms at 128 / 256 / 512 rows
+# against 12.1 / 11.0 / 20.3 for int8), so larger batches there dequantize.
+QUANT_KERNEL_MAX_ROWS_WITHOUT_AVX512 = 128
+
+
 def quantized_linear(
     x: torch.Tensor,  # [..., K]
     weight: QuantizedWeight,
@@ -252,9 +257,12 @@ def quantized_linear(
     """See ``kernels.reference.quant.quantized_linear``. The C kernel quantizes ``x`` to
     int8 per block of 32 first (llama.cpp's arithmetic; ``reference.quant.quantize_activations``);
     the reference, on other devices (CUDA included) and without the C kernels, dequantizes
-    the weight and multiplies in fp32."""
+    the weight and multiplies in fp32, as do large batches where the kernel has no AVX-512
+    (``QUANT_KERNEL_MAX_ROWS_WITHOUT_AVX512``)."""
     native = _native(x)
-    if native is not None and native.quant_linear.supports(x, weight):
+    if native is not None and native.quant_linear.supports(x, weight) and (
+            native.quant_linear.path == "avx512-vnni"
+            or x.numel() // max(x.shape[-1], 1) <= QUANT_KERNEL_MAX_ROWS_WITHOUT_AVX512):
         return native.quant_linear(x, weight, bias)
     return reference.quantized_linear(x, weight, bias)
 

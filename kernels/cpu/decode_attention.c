@@ -19,7 +19,7 @@
  *
  * Returns 0; 1 when a length or page id is out of range (nothing is read outside the
  * pool; the outputs are then unspecified); 2 for a head_dim or Hq over 256, Hq % Hkv != 0, or
- * an unknown kv_kind.
+ * an unknown kv_kind; 3 when a thread's scratch for one partial could not be allocated.
  */
 #include <math.h>
 #include <stdint.h>

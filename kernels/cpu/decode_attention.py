@@ -77,6 +77,8 @@ class CpuDecodeAttention:
                           table.shape[1], page_size, num_slots, scale, torch.get_num_threads())
         if status == 1:
             raise ValueError("a sequence length or page id lies outside the page table or the KV pool")
+        if status == 3:
+            raise MemoryError("decode attention: could not allocate a partial result")
         if status != 0:
             raise ValueError(f"decode attention kernel refused its arguments (status {status})")
         return out, lse

@@ -184,7 +184,7 @@ static inline void weight_row_scales(const ArborQWeight *w, int64_t n, int64_t n
 }
 
 #if defined(QPATH_AVX512)
-/* One weight row against one activation row (see dot_rows), in two independent chains. */
+/* One weight row against one activation row (as dot_block), in two independent chains. */
 static inline float dot_row1(const uint8_t *w, int bits, const float *wd, const float *wm, int64_t nb,
                              const int8_t *xq, const float *dxe, const float *xs) {
     const __m512i pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
@@ -256,24 +256,31 @@ static inline __attribute__((always_inline)) void dot_block(
 }
 #endif
 
-size_t arbor_qact_bytes(int64_t rows, int64_t kp) {
+/* The byte sizes of an ArborQAct's arrays, in layout order: xq, dx, xs, xsum, dxe (each
+ * placed 64-byte aligned; dxe has 16 floats of slack for the last vector load). */
+static void qact_sizes(int64_t rows, int64_t kp, size_t sizes[5]) {
     const size_t nb = (size_t)(kp / BLOCK), r = (size_t)rows;
-    const size_t pieces[5] = {r * (size_t)kp, 4 * r * nb, 4 * r * nb, 4 * r * nb, 4 * r * nb * 8 + 64};
-    size_t total = 0;
-    for (int i = 0; i < 5; i++) total += (pieces[i] + 63) / 64 * 64;
+    sizes[0] = r * (size_t)kp, sizes[1] = sizes[2] = sizes[3] = 4 * r * nb, sizes[4] = 4 * r * nb * 8 + 64;
+}
+
+static size_t align64(size_t n) { return (n + 63) / 64 * 64; }
+
+size_t arbor_qact_bytes(int64_t rows, int64_t kp) {
+    size_t sizes[5], total = 0;
+    qact_sizes(rows, kp, sizes);
+    for (int i = 0; i < 5; i++) total += align64(sizes[i]);
     return total;
 }
 
 void arbor_qact_init(ArborQAct *a, void *mem, int64_t rows, int64_t kp) {
-    const size_t nb = (size_t)(kp / BLOCK), r = (size_t)rows;
+    size_t sizes[5];
+    qact_sizes(rows, kp, sizes);
     char *p = mem;
-#define TAKE(FIELD, TYPE, BYTES) a->FIELD = (TYPE *)p, p += ((BYTES) + 63) / 64 * 64
-    TAKE(xq, int8_t, r * (size_t)kp);
-    TAKE(dx, float, 4 * r * nb);
-    TAKE(xs, float, 4 * r * nb);
-    TAKE(xsum, int32_t, 4 * r * nb);
-    TAKE(dxe, float, 4 * r * nb * 8 + 64);
-#undef TAKE
+    a->xq = (int8_t *)p, p += align64(sizes[0]);
+    a->dx = (float *)p, p += align64(sizes[1]);
+    a->xs = (float *)p, p += align64(sizes[2]);
+    a->xsum = (int32_t *)p, p += align64(sizes[3]);
+    a->dxe = (float *)p;
     a->rows = rows, a->kp = kp;
 }
 
@@ -340,20 +347,27 @@ void arbor_qmatmul_range(const ArborQWeight *w, const ArborQAct *a, int64_t n0, 
         }
     }
 #else
-    float wd[nb + 16], wm[nb + 16], s[nb + 16]; /* NOTE: 16 floats of slack for vector loads */
+    /* Tiles of up to TILE_ROWS weight rows meet every activation row while they are in L1. */
+    enum { TILE_ROWS = 16 };
+    const int64_t ws = nb + 16;
+    float wd[TILE_ROWS * ws], wm[TILE_ROWS * ws], s[nb + 16]; /* NOTE: 16 floats of slack */
     memset(s + nb, 0, 16 * sizeof(float));
-    for (int64_t n = n0; n < n1; n++) {
-        weight_row_scales(w, n, nb, wd, wm);
-        const uint8_t *codes = w->codes + n * row_bytes;
+    for (int64_t t0 = n0; t0 < n1; t0 += TILE_ROWS) {
+        const int64_t t1 = t0 + TILE_ROWS < n1 ? t0 + TILE_ROWS : n1;
+        for (int64_t n = t0; n < t1; n++) weight_row_scales(w, n, nb, wd + (n - t0) * ws, wm + (n - t0) * ws);
         for (int64_t m = 0; m < rows; m++) {
             const float *dx = a->dx + m * nb, *xs = a->xs + m * nb;
-            float offset = 0.0f;
-            for (int64_t b = 0; b < nb; b++) {
-                s[b] = wd[b] * dx[b];
-                offset += wm[b] * xs[b];
+            for (int64_t n = t0; n < t1; n++) {
+                const float *wdn = wd + (n - t0) * ws, *wmn = wm + (n - t0) * ws;
+                float offset = 0.0f;
+                for (int64_t b = 0; b < nb; b++) {
+                    s[b] = wdn[b] * dx[b];
+                    offset += wmn[b] * xs[b];
+                }
+                const float v = dot_row(w->codes + n * row_bytes, w->bits, a->xq + m * kp, a->xsum + m * nb,
+                                        s, nb) + offset;
+                put(y + m * ldy + (n - n0), v, w->bias, n, accumulate);
             }
-            const float v = dot_row(codes, w->bits, a->xq + m * kp, a->xsum + m * nb, s, nb) + offset;
-            put(y + m * ldy + (n - n0), v, w->bias, n, accumulate);
         }
     }
 #endif

@@ -4,6 +4,7 @@ instruction-set path against the torch reference."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import gguf
@@ -83,14 +84,30 @@ def test_dispatch_uses_the_kernel_and_falls_back_to_the_reference(
     native = dispatch.quantized_linear(x, weight)
     torch.testing.assert_close(native, Q.quantized_linear(Q.quantize_activations(x), weight),
                                atol=2e-5, rtol=1e-5)
-    many = _randn(600, 256, seed=9)  # a prefill chunk takes the kernel too
+    many = _randn(600, 256, seed=9)  # a prefill chunk: the AVX-512 kernel takes it, others dequantize
+    on_kernel = cpu_kernels.quant_linear.path == "avx512-vnni"
     torch.testing.assert_close(dispatch.quantized_linear(many, weight),
-                               Q.quantized_linear(Q.quantize_activations(many), weight), atol=2e-5, rtol=1e-5)
+                               Q.quantized_linear(Q.quantize_activations(many) if on_kernel else many, weight),
+                               atol=2e-5, rtol=1e-5)
     dispatch.set_kernel_backend("torch")
     try:
         torch.testing.assert_close(dispatch.quantized_linear(x, weight), Q.quantized_linear(x, weight))
     finally:
         dispatch.set_kernel_backend("auto")
+
+
+def test_without_avx512_large_batches_dequantize(cpu_kernels: CpuKernels, monkeypatch: pytest.MonkeyPatch,
+                                                 tmp_path: Path) -> None:
+    """The AVX2 / portable kernel takes batches up to its row limit, and beyond it the
+    weight is dequantized for an fp32 matmul (where the pair-at-a-time kernel loses)."""
+    lower = CpuQuantLinear(tmp_path, PATH_DEFINES["avx2"])
+    monkeypatch.setattr(dispatch, "_cpu", dataclasses.replace(cpu_kernels, quant_linear=lower))
+    weight = Q.quantize_int8(_randn(40, 96, seed=12))
+    limit = dispatch.QUANT_KERNEL_MAX_ROWS_WITHOUT_AVX512
+    for rows, expect_kernel in ((limit, True), (limit + 1, False)):
+        x = _randn(rows, 96, seed=13)
+        want = Q.quantized_linear(Q.quantize_activations(x) if expect_kernel else x, weight)
+        torch.testing.assert_close(dispatch.quantized_linear(x, weight), want, atol=2e-5, rtol=1e-5)
 
 
 # ---- the format ----------------------------------------------------------------------------
