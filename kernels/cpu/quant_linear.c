@@ -103,39 +103,9 @@ static inline __m512i load_codes(const uint8_t *w, int bits, int64_t sb) {
 }
 #endif
 
-#if !defined(QPATH_AVX512)
-/* sum_b s[b] * isum_b for one weight row (codes w) and one activation row (xq, xsum). */
-static inline float dot_row(const uint8_t *w, int bits, const int8_t *xq, const int32_t *xsum,
-                            const float *s, int64_t nb) {
-#if defined(QPATH_AVX2)
-    __m256 acc = _mm256_setzero_ps();
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int64_t b = 0; b < nb; b++) {
-        const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + b * BLOCK));
-        __m256i isum;
-        if (bits == 4) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(w + (b / 2) * 32));
-            const __m256i codes = (b & 1) ? _mm256_srli_epi16(v, 4) : v;
-            const __m256i wv = _mm256_and_si256(codes, _mm256_set1_epi8(0x0f));
-            isum = _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), ones); /* |pair| <= 3810 */
-        } else {
-            /* code = q + 128: u8 x s8 pairs would saturate int16, so use the signed q
-             * (|q| <= 128, |pair| <= 32512) and add back 128 * xsum. */
-            const __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + b * BLOCK)),
-                                               _mm256_set1_epi8((char)0x80));
-            const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q));
-            isum = _mm256_add_epi32(_mm256_madd_epi16(pairs, ones),
-                                    _mm256_setr_epi32(128 * xsum[b], 0, 0, 0, 0, 0, 0, 0));
-        }
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(s[b]), acc);
-    }
-    const __m128 lo = _mm256_castps256_ps128(acc), hi = _mm256_extractf128_ps(acc, 1);
-    __m128 s4 = _mm_add_ps(lo, hi);
-    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
-    return _mm_cvtss_f32(s4);
-#else
-    (void)xsum;
+#if !defined(QPATH_AVX512) && !defined(QPATH_AVX2)
+/* sum_b s[b] * isum_b for one weight row (codes w) and one activation row (xq). */
+static inline float dot_row(const uint8_t *w, int bits, const int8_t *xq, const float *s, int64_t nb) {
     float acc = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
         int32_t isum = 0;
@@ -151,7 +121,6 @@ static inline float dot_row(const uint8_t *w, int bits, const int8_t *xq, const 
         acc += s[b] * (float)isum;
     }
     return acc;
-#endif
 }
 #endif
 
@@ -182,6 +151,20 @@ static inline void weight_row_scales(const ArborQWeight *w, int64_t n, int64_t n
     memset(wd + nb, 0, 16 * sizeof(float));
     memset(wm + nb, 0, 16 * sizeof(float));
 }
+
+#if defined(QPATH_AVX2)
+/* 8-bit codes are multiplied as q = code - 128: sum code * x = sum q * x + 128 * xsum, so
+ * the block's offset becomes m + 128 d (zero for symmetric int8, whose m is -128 d). Whether
+ * any block of the row keeps an offset. */
+static inline int offset_128(const float *wd, float *wm, int64_t nb, int bits) {
+    int any = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        if (bits == 8) wm[b] += 128.0f * wd[b];
+        any |= wm[b] != 0.0f;
+    }
+    return any;
+}
+#endif
 
 #if defined(QPATH_AVX512)
 /* One weight row against one activation row (as dot_block), in two independent chains. */
@@ -251,6 +234,76 @@ static inline __attribute__((always_inline)) void dot_block(
                                             _mm512_maskz_loadu_ps(k, xs + j * nb + b), acc[i][j]);
             }
             out[i * 4 + j] = _mm512_reduce_add_ps(acc[i][j]);
+        }
+    }
+}
+#endif
+
+#if defined(QPATH_AVX2)
+static inline float hsum8(__m256 v) {
+    const __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    __m128 s4 = _mm_add_ps(lo, hi);
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+    return _mm_cvtss_f32(s4);
+}
+
+/* The AVX2 dot_block: NW (<= 2) weight rows against JN (<= 4) activation rows, block by
+ * block. A block's codes are unpacked once for the JN rows and an activation block is
+ * loaded once for the NW rows; the integer dot product of a block is vpmaddubsw (u8 x s8
+ * pairs) + vpmaddwd, converted and scaled once. 8-bit codes are used as the signed
+ * q = code - 128 (u8 code x s8 pairs would saturate int16): |q| x sign(x, q), and the 128 *
+ * xsum this leaves out is in wm (weight_row_scales' offset_128). ROW_SCALE: the weight has
+ * one scale per row (int8 per channel), applied once at the end rather than per block.
+ * has_offset[i]: weight row i has a nonzero offset term (symmetric int8 has none).
+ * xq: the first activation row (row stride kp); dx, xs: its per-block floats (stride nb).
+ * NW, JN, BITS and ROW_SCALE are compile-time constants at every call. out[i * 4 + j]. */
+static inline __attribute__((always_inline)) void dot_block_avx2(
+    const uint8_t *w, int64_t row_bytes, const float *wd, const float *wm, const int *has_offset,
+    int64_t ws, int64_t nb, const int8_t *xq, int64_t kp, const float *dx, const float *xs, const int NW, const int JN,
+    const int BITS, const int ROW_SCALE, float *out) {
+    const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0f), flip = _mm256_set1_epi8((char)0x80);
+    __m256 acc[2][4];
+    for (int i = 0; i < NW; i++)
+        for (int j = 0; j < JN; j++) acc[i][j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i wu[2], wq[2]; /* unsigned codes (|q| for 8 bits); the signed q */
+        for (int i = 0; i < NW; i++) {
+            if (BITS == 4) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(w + i * row_bytes + (b / 2) * 32));
+                wu[i] = _mm256_and_si256((b & 1) ? _mm256_srli_epi16(v, 4) : v, low);
+            } else {
+                wq[i] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + i * row_bytes + b * BLOCK)), flip);
+                wu[i] = _mm256_sign_epi8(wq[i], wq[i]); /* |q|; q = -128 gives 0x80 = 128 unsigned */
+            }
+        }
+        for (int j = 0; j < JN; j++) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + j * kp + b * BLOCK));
+            const float dxb = dx[j * nb + b];
+            for (int i = 0; i < NW; i++) {
+                /* |pair| <= 2 * 15 * 127 (4 bits) or 2 * 128 * 127 (8 bits): no saturation */
+                const __m256i pairs = BITS == 4 ? _mm256_maddubs_epi16(wu[i], xv)
+                                                : _mm256_maddubs_epi16(wu[i], _mm256_sign_epi8(xv, wq[i]));
+                const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+                const __m256 sc = _mm256_set1_ps(ROW_SCALE ? dxb : wd[i * ws + b] * dxb);
+                acc[i][j] = _mm256_fmadd_ps(f, sc, acc[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < NW; i++) {
+        for (int j = 0; j < JN; j++) {
+            float v = hsum8(acc[i][j]);
+            if (ROW_SCALE) v *= wd[i * ws];
+            if (has_offset[i]) { /* the offset term, m * dx * xsum */
+                __m256 off = _mm256_setzero_ps();
+                int64_t b = 0;
+                for (; b + 8 <= nb; b += 8)
+                    off = _mm256_fmadd_ps(_mm256_loadu_ps(wm + i * ws + b), _mm256_loadu_ps(xs + j * nb + b), off);
+                float tail = 0.0f;
+                for (; b < nb; b++) tail += wm[i * ws + b] * xs[j * nb + b];
+                v += hsum8(off) + tail;
+            }
+            out[i * 4 + j] = v;
         }
     }
 }
@@ -346,12 +399,63 @@ void arbor_qmatmul_range(const ArborQWeight *w, const ArborQAct *a, int64_t n0, 
             }
         }
     }
+#elif defined(QPATH_AVX2)
+    /* Tiles of up to TILE_ROWS weight rows meet the activation rows four at a time, two
+     * weight rows at a time (dot_block_avx2). */
+    enum { TILE_ROWS = 16 };
+    const int64_t ws = nb + 16;
+    const int row_scale = w->num_groups == 1;
+    float wd[TILE_ROWS * ws], wm[TILE_ROWS * ws];
+    int has_offset[TILE_ROWS];
+    for (int64_t t0 = n0; t0 < n1; t0 += TILE_ROWS) {
+        const int64_t t1 = t0 + TILE_ROWS < n1 ? t0 + TILE_ROWS : n1;
+        for (int64_t n = t0; n < t1; n++) {
+            weight_row_scales(w, n, nb, wd + (n - t0) * ws, wm + (n - t0) * ws);
+            has_offset[n - t0] = offset_128(wd + (n - t0) * ws, wm + (n - t0) * ws, nb, w->bits);
+        }
+        for (int64_t m0 = 0; m0 < rows; m0 += 4) {
+            const int64_t jn = rows - m0 < 4 ? rows - m0 : 4;
+            const int8_t *xq = a->xq + m0 * kp;
+            const float *dx = a->dx + m0 * nb, *xs = a->xs + m0 * nb;
+            for (int64_t n = t0; n < t1; n += 2) {
+                const int64_t nw = t1 - n < 2 ? 1 : 2;
+                const uint8_t *codes = w->codes + n * row_bytes;
+                const float *wdn = wd + (n - t0) * ws, *wmn = wm + (n - t0) * ws;
+                float out[8];
+#define BLOCK_CALL(NW, JN, BITS, RS) dot_block_avx2(codes, row_bytes, wdn, wmn, has_offset + (n - t0), ws, nb, xq, kp, dx, xs, NW, JN, BITS, RS, out)
+#define BY_ROWS(NW, BITS, RS)                                                                      \
+    do {                                                                                           \
+        if (jn == 4) BLOCK_CALL(NW, 4, BITS, RS);                                                  \
+        else if (jn == 3) BLOCK_CALL(NW, 3, BITS, RS);                                             \
+        else if (jn == 2) BLOCK_CALL(NW, 2, BITS, RS);                                             \
+        else BLOCK_CALL(NW, 1, BITS, RS);                                                          \
+    } while (0)
+#define BY_WEIGHT_ROWS(BITS, RS)                                                                   \
+    do {                                                                                           \
+        if (nw == 2) BY_ROWS(2, BITS, RS);                                                         \
+        else BY_ROWS(1, BITS, RS);                                                                 \
+    } while (0)
+                if (w->bits == 4) {
+                    if (row_scale) BY_WEIGHT_ROWS(4, 1);
+                    else BY_WEIGHT_ROWS(4, 0);
+                } else {
+                    if (row_scale) BY_WEIGHT_ROWS(8, 1);
+                    else BY_WEIGHT_ROWS(8, 0);
+                }
+#undef BY_WEIGHT_ROWS
+#undef BY_ROWS
+#undef BLOCK_CALL
+                for (int64_t i = 0; i < nw; i++)
+                    for (int64_t j = 0; j < jn; j++)
+                        put(y + (m0 + j) * ldy + (n + i - n0), out[i * 4 + j], w->bias, n + i, accumulate);
+            }
+        }
+    }
 #else
     /* Tiles of up to TILE_ROWS weight rows meet every activation row while they are in L1. */
     enum { TILE_ROWS = 16 };
     const int64_t ws = nb + 16;
-    float wd[TILE_ROWS * ws], wm[TILE_ROWS * ws], s[nb + 16]; /* NOTE: 16 floats of slack */
-    memset(s + nb, 0, 16 * sizeof(float));
+    float wd[TILE_ROWS * ws], wm[TILE_ROWS * ws], s[nb];
     for (int64_t t0 = n0; t0 < n1; t0 += TILE_ROWS) {
         const int64_t t1 = t0 + TILE_ROWS < n1 ? t0 + TILE_ROWS : n1;
         for (int64_t n = t0; n < t1; n++) weight_row_scales(w, n, nb, wd + (n - t0) * ws, wm + (n - t0) * ws);
@@ -364,8 +468,7 @@ void arbor_qmatmul_range(const ArborQWeight *w, const ArborQAct *a, int64_t n0, 
                     s[b] = wdn[b] * dx[b];
                     offset += wmn[b] * xs[b];
                 }
-                const float v = dot_row(w->codes + n * row_bytes, w->bits, a->xq + m * kp, a->xsum + m * nb,
-                                        s, nb) + offset;
+                const float v = dot_row(w->codes + n * row_bytes, w->bits, a->xq + m * kp, s, nb) + offset;
                 put(y + m * ldy + (n - n0), v, w->bias, n, accumulate);
             }
         }

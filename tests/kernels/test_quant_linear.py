@@ -58,6 +58,29 @@ def test_kernel_matches_the_reference(kernel: CpuQuantLinear, fmt: str, rows: in
     assert ((out - spec).norm() / spec.norm()).item() < 0.01
 
 
+@pytest.mark.parametrize("bits,blocks_per_group", [(8, None), (8, 1), (4, 1), (4, 2)])
+def test_kernel_takes_every_code_and_full_scale_activations(
+    kernel: CpuQuantLinear, bits: int, blocks_per_group: int | None
+) -> None:
+    """Codes over their whole range (8 bits: 0 is q = -128, whose |q| the AVX2 path takes
+    as an unsigned 128) with any scale and offset, against activations whose blocks
+    quantize to +-127: the integer pair sums sit at their bound and must not saturate."""
+    n, k, rows = 6, 128, 5
+    gen = torch.Generator().manual_seed(11)
+    codes = torch.randint(0, 256, (n, k * bits // 8), generator=gen, dtype=torch.uint8)
+    codes[0] = 0  # every q = -128 (8 bits) / every nibble 0
+    codes[1] = 255
+    groups = k // 32 if blocks_per_group == 1 else (1 if blocks_per_group is None else k // 64)
+    scales = (torch.rand(n, groups, generator=gen) * 0.02 + 0.001).half()
+    offsets = (torch.rand(n, groups, generator=gen) * 0.2 - 0.1).half()
+    weight = Q.QuantizedWeight(codes, scales, offsets, bits, blocks_per_group, k)
+    x = torch.where(torch.rand(rows, k, generator=gen) < 0.5, -1.0, 1.0)  # every |xq| = 127
+    x[1] = 1.0
+    x[2] = -1.0
+    exact = Q.quantized_linear(Q.quantize_activations(x), weight)
+    torch.testing.assert_close(kernel(x, weight), exact, atol=1e-4, rtol=1e-5)
+
+
 def test_kernel_takes_any_leading_shape_and_no_rows(kernel: CpuQuantLinear) -> None:
     weight = Q.quantize_int4(_randn(64, 128, seed=4))
     x = _randn(2, 3, 128, seed=5)
