@@ -160,11 +160,14 @@ def make_runs(args: argparse.Namespace) -> dict[str, list[tuple[Workload, int]]]
 
 def run_side(name: str, kind: str, arg: str, args: argparse.Namespace,
              runs: dict[str, list[tuple[Workload, int]]]) -> dict[str, list[float]]:
-    """Start one side in a fresh process, warm it up, time every run; the process exits
-    before the next side starts (one model in memory at a time)."""
+    """Start one side in a fresh process, warm it up with one run of every workload on
+    prompts of its own (no timed run is a side's first at its batch size), time every run;
+    the process exits before the next side starts (one model in memory at a time)."""
+    warm = Prompts(args.seed + 1)
     with ProcessPoolExecutor(1, get_context("spawn"), initializer=_start,
                              initargs=(kind, arg, args.threads)) as worker:
-        worker.submit(_run, Prompts(args.seed + 1).batch(2, 16), 4, True).result()
+        for w in runs:
+            worker.submit(_run, *WORKLOADS[w](warm, args), True).result()
         seconds = {w: [worker.submit(_run, batch, new, True).result() for batch, new in reps]
                    for w, reps in runs.items()}
     print(f"  {name}: done (load {load_average()})", flush=True)
