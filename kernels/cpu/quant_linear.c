@@ -309,6 +309,71 @@ static inline __attribute__((always_inline)) void dot_block_avx2(
 }
 #endif
 
+#if defined(QPATH_AVX2)
+/* Weight row n against the one activation row of a matrix-vector product (bound by memory):
+ * the block scales are converted 8 at a time as the row is read instead of staged per tile
+ * (at one activation row nothing would amortize the staging), and two accumulators take
+ * alternate blocks. The arithmetic is dot_block_avx2's. */
+static float dot_row1_avx2(const ArborQWeight *w, int64_t n, const ArborQAct *a) {
+    const int64_t kp = w->kp, nb = kp / BLOCK, row_bytes = w->bits == 4 ? kp / 2 : kp;
+    const uint8_t *codes = w->codes + n * row_bytes;
+    const uint16_t *d = w->d + n * w->num_groups, *mo = w->m + n * w->num_groups;
+    const float *dx = a->dx, *xs = a->xs;
+    const float add128 = w->bits == 8 ? 128.0f : 0.0f; /* see offset_128 */
+    float s[nb], row_d = 1.0f, offset;
+    if (w->num_groups == 1) { /* one scale per row: s = dx, scaled once at the end */
+        row_d = half_to_float(d[0]);
+        const float m = half_to_float(mo[0]) + add128 * row_d;
+        __m256 sum = _mm256_setzero_ps();
+        int64_t b = 0;
+        for (; b + 8 <= nb; b += 8) sum = _mm256_add_ps(sum, _mm256_loadu_ps(xs + b));
+        float tail = 0.0f;
+        for (; b < nb; b++) tail += xs[b];
+        memcpy(s, dx, (size_t)nb * sizeof(float));
+        offset = m * (hsum8(sum) + tail);
+    } else {
+        __m256 off = _mm256_setzero_ps();
+        int64_t b = 0;
+        if (w->group_shift == 0) {
+            for (; b + 8 <= nb; b += 8) {
+                const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + b)));
+                const __m256 mv = _mm256_fmadd_ps(_mm256_set1_ps(add128), dv,
+                                                  _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mo + b))));
+                _mm256_storeu_ps(s + b, _mm256_mul_ps(dv, _mm256_loadu_ps(dx + b)));
+                off = _mm256_fmadd_ps(mv, _mm256_loadu_ps(xs + b), off);
+            }
+        }
+        float tail = 0.0f;
+        for (; b < nb; b++) {
+            const float dv = half_to_float(d[b >> w->group_shift]);
+            s[b] = dv * dx[b];
+            tail += (half_to_float(mo[b >> w->group_shift]) + add128 * dv) * xs[b];
+        }
+        offset = hsum8(off) + tail;
+    }
+    const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0f), flip = _mm256_set1_epi8((char)0x80);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b += 2) { /* nb is even: Kp is a multiple of 64 */
+        const __m256i x0 = _mm256_loadu_si256((const __m256i *)(a->xq + b * BLOCK));
+        const __m256i x1 = _mm256_loadu_si256((const __m256i *)(a->xq + b * BLOCK + BLOCK));
+        __m256i p0, p1;
+        if (w->bits == 4) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(codes + (b / 2) * 32));
+            p0 = _mm256_maddubs_epi16(_mm256_and_si256(v, low), x0);
+            p1 = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), x1);
+        } else {
+            const __m256i q0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(codes + b * BLOCK)), flip);
+            const __m256i q1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(codes + b * BLOCK + BLOCK)), flip);
+            p0 = _mm256_maddubs_epi16(_mm256_sign_epi8(q0, q0), _mm256_sign_epi8(x0, q0));
+            p1 = _mm256_maddubs_epi16(_mm256_sign_epi8(q1, q1), _mm256_sign_epi8(x1, q1));
+        }
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p0, ones)), _mm256_set1_ps(s[b]), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p1, ones)), _mm256_set1_ps(s[b + 1]), acc1);
+    }
+    return row_d * hsum8(_mm256_add_ps(acc0, acc1)) + offset;
+}
+#endif
+
 /* The byte sizes of an ArborQAct's arrays, in layout order: xq, dx, xs, xsum, dxe (each
  * placed 64-byte aligned; dxe has 16 floats of slack for the last vector load). */
 static void qact_sizes(int64_t rows, int64_t kp, size_t sizes[5]) {
@@ -405,6 +470,10 @@ void arbor_qmatmul_range(const ArborQWeight *w, const ArborQAct *a, int64_t n0, 
     enum { TILE_ROWS = 16 };
     const int64_t ws = nb + 16;
     const int row_scale = w->num_groups == 1;
+    if (rows == 1) { /* a matrix-vector product */
+        for (int64_t n = n0; n < n1; n++) put(y + (n - n0), dot_row1_avx2(w, n, a), w->bias, n, accumulate);
+        return;
+    }
     float wd[TILE_ROWS * ws], wm[TILE_ROWS * ws];
     int has_offset[TILE_ROWS];
     for (int64_t t0 = n0; t0 < n1; t0 += TILE_ROWS) {
