@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 
 from kernels import reference
 from kernels.cpu import CpuElementwise, CpuKernels, NativeBuildError
@@ -242,11 +243,13 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
 # activation rows x 2 weight rows at a time, takes every size: it is as fast as dequantizing
 # the weight and running fp32 F.linear at 1,024 rows and faster below (measured, 2 threads,
 # load ~1: 3072x576 weight 0.47 / 3.5 / 12.7 / 24.7 ms at 16 / 128 / 512 / 1,024 rows against
-# 2.6 / 5.6 / 22.4 / 32.2 ms), and prefill then runs decode's int8-activation arithmetic. The
-# AVX2 and portable paths take one (weight row, activation row) pair at a time and lose from
-# a few hundred rows (AVX2 build, same weight: 8.5 / 17.0 / 34.0 ms at 128 / 256 / 512 rows
-# against 12.1 / 11.0 / 20.3 for int8), so larger batches there dequantize.
-QUANT_KERNEL_MAX_ROWS_WITHOUT_AVX512 = 128
+# 2.6 / 5.6 / 22.4 / 32.2 ms), and prefill then runs decode's int8-activation arithmetic.
+# Without VNNI the integer dot product has no more throughput than an fp32 FMA (AVX2:
+# vpmaddubsw + vpmaddwd share one multiply pipe), and above 64 rows the C dequantize (one
+# pass) + fp32 F.linear wins (Zen 1-class EPYC, 2 threads, int8 / Q4 kernel against it:
+# 3072x576 10.9 / 13.5 ms at 64 rows, 12.5 / 12.0 at 128, 21.3 / 18.1 at 256; 576x1536
+# 5.5 / 5.6, 5.7 / 4.5, 11.0 / 8.0), so larger batches there dequantize.
+QUANT_KERNEL_MAX_ROWS_WITHOUT_AVX512 = 64
 
 
 def quantized_linear(
@@ -258,12 +261,16 @@ def quantized_linear(
     int8 per block of 32 first (llama.cpp's arithmetic; ``reference.quant.quantize_activations``);
     the reference, on other devices (CUDA included) and without the C kernels, dequantizes
     the weight and multiplies in fp32, as do large batches where the kernel has no AVX-512
-    (``QUANT_KERNEL_MAX_ROWS_WITHOUT_AVX512``)."""
+    (``QUANT_KERNEL_MAX_ROWS_WITHOUT_AVX512``; the weight dequantized by the C kernel's one
+    pass, the reference's bits)."""
     native = _native(x)
-    if native is not None and native.quant_linear.supports(x, weight) and (
-            native.quant_linear.path == "avx512-vnni"
-            or x.numel() // max(x.shape[-1], 1) <= QUANT_KERNEL_MAX_ROWS_WITHOUT_AVX512):
-        return native.quant_linear(x, weight, bias)
+    if native is not None and native.quant_linear.supports(x, weight):
+        if (native.quant_linear.path == "avx512-vnni"
+                or x.numel() // max(x.shape[-1], 1) <= QUANT_KERNEL_MAX_ROWS_WITHOUT_AVX512):
+            return native.quant_linear(x, weight, bias)
+        if x.shape[-1] != weight.in_features:
+            raise ValueError(f"expected {weight.in_features} input features, got {x.shape[-1]}")
+        return F.linear(x, native.quant_linear.dequantize(weight), bias)
     return reference.quantized_linear(x, weight, bias)
 
 

@@ -570,6 +570,35 @@ int arbor_quant_linear(const float *x, int64_t rows, int64_t k_len, const uint8_
     return 0;
 }
 
+/* out[N, K] = d * code + m in fp32, the reference's dequantize bit for bit (a product, then
+ * a sum: never contracted into one fma). One pass over the codes, rows split over threads:
+ * the large-batch path of the AVX2 and portable builds multiplies this in fp32. */
+__attribute__((optimize("fp-contract=off"))) void arbor_dequantize(
+    const uint8_t *codes, const uint16_t *d, const uint16_t *mo, int64_t n_out, int64_t k_len,
+    int64_t kp, int64_t num_groups, int group_shift, int bits, float *out, int num_threads) {
+    const int64_t nb = kp / BLOCK, row_bytes = bits == 4 ? kp / 2 : kp;
+#pragma omp parallel for num_threads(threads_for(n_out * kp * 4, num_threads)) schedule(static)
+    for (int64_t n = 0; n < n_out; n++) {
+        const uint8_t *w = codes + n * row_bytes;
+        float *y = out + n * k_len;
+        for (int64_t b = 0; b < nb && b * BLOCK < k_len; b++) {
+            const int64_t g = num_groups == 1 ? 0 : b >> group_shift;
+            const float dv = half_to_float(d[n * num_groups + g]), mv = half_to_float(mo[n * num_groups + g]);
+            const int64_t len = k_len - b * BLOCK < BLOCK ? k_len - b * BLOCK : BLOCK;
+            float v[BLOCK];
+            if (bits == 4) {
+                const uint8_t *wb = w + (b / 2) * 32;
+                const int shift = (b & 1) ? 4 : 0;
+                for (int i = 0; i < BLOCK; i++) v[i] = dv * (float)((wb[i] >> shift) & 0x0f) + mv;
+            } else {
+                const uint8_t *wb = w + b * BLOCK;
+                for (int i = 0; i < BLOCK; i++) v[i] = dv * (float)wb[i] + mv;
+            }
+            memcpy(y + b * BLOCK, v, (size_t)len * sizeof(float));
+        }
+    }
+}
+
 /* Which path this build took: 2 AVX-512 VNNI, 1 AVX2, 0 portable C. */
 int arbor_quant_path(void) {
 #if defined(QPATH_AVX512)

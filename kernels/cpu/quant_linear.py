@@ -25,6 +25,9 @@ class CpuQuantLinear:
         lib = build_library("quant_linear", cache_dir, defines)
         self._fn = lib.arbor_quant_linear
         self._fn.argtypes, self._fn.restype = _ARGTYPES, ctypes.c_int
+        self._dequantize = lib.arbor_dequantize
+        self._dequantize.argtypes = [_P, _P, _P, _I, _I, _I, _I, _N, _N, _P, _N]
+        self._dequantize.restype = None
         lib.arbor_quant_path.restype = ctypes.c_int
         self.path = PATHS[lib.arbor_quant_path()]  # the instruction set this build uses
 
@@ -55,3 +58,16 @@ class CpuQuantLinear:
         if status != 0:
             raise MemoryError("quant_linear: could not allocate the quantized activations")
         return out.view(*lead, weight.out_features)
+
+    def dequantize(self, weight: QuantizedWeight) -> torch.Tensor:  # [N, K] float32
+        """``reference.quant.dequantize``, bit for bit, in one pass over the codes."""
+        if weight.codes.device.type != "cpu":
+            raise ValueError(f"the C dequantize reads CPU tensors, got {weight.codes.device}")
+        out = torch.empty(weight.out_features, weight.in_features, dtype=torch.float32)
+        codes, scales, offsets = (t.contiguous() for t in (weight.codes, weight.scales, weight.offsets))
+        self._dequantize(
+            codes.data_ptr(), scales.data_ptr(), offsets.data_ptr(), weight.out_features,
+            weight.in_features, weight.padded_features, weight.num_groups, weight.group_shift,
+            weight.bits, out.data_ptr(), torch.get_num_threads(),
+        )
+        return out
