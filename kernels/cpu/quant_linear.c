@@ -253,15 +253,15 @@ static inline float hsum8(__m256 v) {
  * loaded once for the NW rows; the integer dot product of a block is vpmaddubsw (u8 x s8
  * pairs) + vpmaddwd, converted and scaled once. 8-bit codes are used as the signed
  * q = code - 128 (u8 code x s8 pairs would saturate int16): |q| x sign(x, q), and the 128 *
- * xsum this leaves out is in wm (weight_row_scales' offset_128). ROW_SCALE: the weight has
+ * xsum this leaves out is in wm (offset_128). ROW_SCALE: the weight has
  * one scale per row (int8 per channel), applied once at the end rather than per block.
  * has_offset[i]: weight row i has a nonzero offset term (symmetric int8 has none).
  * xq: the first activation row (row stride kp); dx, xs: its per-block floats (stride nb).
  * NW, JN, BITS and ROW_SCALE are compile-time constants at every call. out[i * 4 + j]. */
 static inline __attribute__((always_inline)) void dot_block_avx2(
     const uint8_t *w, int64_t row_bytes, const float *wd, const float *wm, const int *has_offset,
-    int64_t ws, int64_t nb, const int8_t *xq, int64_t kp, const float *dx, const float *xs, const int NW, const int JN,
-    const int BITS, const int ROW_SCALE, float *out) {
+    int64_t ws, int64_t nb, const int8_t *xq, int64_t kp, const float *dx, const float *xs, const int NW,
+    const int JN, const int BITS, const int ROW_SCALE, float *out) {
     const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0f), flip = _mm256_set1_epi8((char)0x80);
     __m256 acc[2][4];
     for (int i = 0; i < NW; i++)
@@ -491,7 +491,8 @@ void arbor_qmatmul_range(const ArborQWeight *w, const ArborQAct *a, int64_t n0, 
                 const uint8_t *codes = w->codes + n * row_bytes;
                 const float *wdn = wd + (n - t0) * ws, *wmn = wm + (n - t0) * ws;
                 float out[8];
-#define BLOCK_CALL(NW, JN, BITS, RS) dot_block_avx2(codes, row_bytes, wdn, wmn, has_offset + (n - t0), ws, nb, xq, kp, dx, xs, NW, JN, BITS, RS, out)
+#define BLOCK_CALL(NW, JN, BITS, RS) \
+    dot_block_avx2(codes, row_bytes, wdn, wmn, has_offset + (n - t0), ws, nb, xq, kp, dx, xs, NW, JN, BITS, RS, out)
 #define BY_ROWS(NW, BITS, RS)                                                                      \
     do {                                                                                           \
         if (jn == 4) BLOCK_CALL(NW, 4, BITS, RS);                                                  \

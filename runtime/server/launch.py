@@ -24,8 +24,11 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--served-model-name", default=None, nargs="+",
                        help="the model id(s) of /v1/models; a request's model must be one (else 404)")
     group.add_argument("--log-level", default="info")
-    group.add_argument("--timeout-keep-alive", type=int, default=5,
-                       help="seconds an idle HTTP connection stays open")
+    # NOTE: longer than clients keep idle pooled connections (httpx 5 s, aiohttp 15 s): at
+    # uvicorn's 5 s the server closes a connection just as a client reuses it, and that
+    # request dies with a reset (the soak test lost a /generate that way).
+    group.add_argument("--timeout-keep-alive", type=int, default=75,
+                       help="seconds an idle HTTP connection stays open (default 75)")
     defaults = ServerLimits()
     group.add_argument("--max-inflight", type=int, default=defaults.max_inflight)
     group.add_argument("--max-waiting", type=int, default=defaults.max_waiting)
