@@ -313,25 +313,22 @@ static inline __attribute__((always_inline)) void dot_block_avx2(
 /* Weight row n against the one activation row of a matrix-vector product (bound by memory):
  * the block scales are converted 8 at a time as the row is read instead of staged per tile
  * (at one activation row nothing would amortize the staging), and two accumulators take
- * alternate blocks. The arithmetic is dot_block_avx2's. */
-static float dot_row1_avx2(const ArborQWeight *w, int64_t n, const ArborQAct *a) {
+ * alternate blocks. The arithmetic is dot_block_avx2's; xs_total = sum_b xs[b] (the caller's,
+ * once per call). */
+static float dot_row1_avx2(const ArborQWeight *w, int64_t n, const ArborQAct *a, float xs_total) {
     const int64_t kp = w->kp, nb = kp / BLOCK, row_bytes = w->bits == 4 ? kp / 2 : kp;
     const uint8_t *codes = w->codes + n * row_bytes;
     const uint16_t *d = w->d + n * w->num_groups, *mo = w->m + n * w->num_groups;
     const float *dx = a->dx, *xs = a->xs;
     const float add128 = w->bits == 8 ? 128.0f : 0.0f; /* see offset_128 */
-    float s[nb], row_d = 1.0f, offset;
+    float s_row[nb], row_d = 1.0f, offset;
+    const float *s = s_row; /* the per-block scales of the products */
     if (w->num_groups == 1) { /* one scale per row: s = dx, scaled once at the end */
         row_d = half_to_float(d[0]);
-        const float m = half_to_float(mo[0]) + add128 * row_d;
-        __m256 sum = _mm256_setzero_ps();
-        int64_t b = 0;
-        for (; b + 8 <= nb; b += 8) sum = _mm256_add_ps(sum, _mm256_loadu_ps(xs + b));
-        float tail = 0.0f;
-        for (; b < nb; b++) tail += xs[b];
-        memcpy(s, dx, (size_t)nb * sizeof(float));
-        offset = m * (hsum8(sum) + tail);
+        offset = (half_to_float(mo[0]) + add128 * row_d) * xs_total;
+        s = dx;
     } else {
+        float *s_out = s_row;
         __m256 off = _mm256_setzero_ps();
         int64_t b = 0;
         if (w->group_shift == 0) {
@@ -339,14 +336,14 @@ static float dot_row1_avx2(const ArborQWeight *w, int64_t n, const ArborQAct *a)
                 const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + b)));
                 const __m256 mv = _mm256_fmadd_ps(_mm256_set1_ps(add128), dv,
                                                   _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mo + b))));
-                _mm256_storeu_ps(s + b, _mm256_mul_ps(dv, _mm256_loadu_ps(dx + b)));
+                _mm256_storeu_ps(s_out + b, _mm256_mul_ps(dv, _mm256_loadu_ps(dx + b)));
                 off = _mm256_fmadd_ps(mv, _mm256_loadu_ps(xs + b), off);
             }
         }
         float tail = 0.0f;
         for (; b < nb; b++) {
             const float dv = half_to_float(d[b >> w->group_shift]);
-            s[b] = dv * dx[b];
+            s_out[b] = dv * dx[b];
             tail += (half_to_float(mo[b >> w->group_shift]) + add128 * dv) * xs[b];
         }
         offset = hsum8(off) + tail;
@@ -470,8 +467,11 @@ void arbor_qmatmul_range(const ArborQWeight *w, const ArborQAct *a, int64_t n0, 
     enum { TILE_ROWS = 16 };
     const int64_t ws = nb + 16;
     const int row_scale = w->num_groups == 1;
-    if (rows == 1) { /* a matrix-vector product */
-        for (int64_t n = n0; n < n1; n++) put(y + (n - n0), dot_row1_avx2(w, n, a), w->bias, n, accumulate);
+    if (rows == 1) { /* a matrix-vector product; xs_total: sum_b dx * xsum, for per-row offsets */
+        float xs_total = 0.0f;
+        for (int64_t b = 0; b < nb; b++) xs_total += a->xs[b];
+        for (int64_t n = n0; n < n1; n++)
+            put(y + (n - n0), dot_row1_avx2(w, n, a, xs_total), w->bias, n, accumulate);
         return;
     }
     float wd[TILE_ROWS * ws], wm[TILE_ROWS * ws];
