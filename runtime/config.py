@@ -47,6 +47,9 @@ class EngineConfig:
     decode_reserve_tokens: int = 16  # KV tokens reserved per running request at admission
     disable_prefix_cache: bool = False  # True: the do-nothing cache (baseline)
     schedule_policy: SchedulePolicy = "lpm"  # "lpm" longest-prefix-match, or "fcfs"
+    # LPM aging: once this many later arrivals were admitted ahead of a waiting request, it
+    # goes first (scheduler/policy.py); None: no bound (a cache-cold request can starve).
+    lpm_max_overtakes: int | None = 16
     # Priority classes and a fair share between tenants on top of schedule_policy
     # (scheduler/policy.py FairPolicy): interactive requests go first and may take a batch
     # request's running slot; tenants take turns. With one tenant and one class it orders
@@ -105,7 +108,7 @@ class EngineConfig:
 
         for name in ("max_model_len", "page_size", "num_pages", "max_running_requests",
                      "max_prefill_tokens", "chunked_prefill_size", "num_threads", "tensor_parallel_size",
-                     "nnodes", "grammar_max_bytes"):
+                     "nnodes", "grammar_max_bytes", "lpm_max_overtakes"):
             positive(name)
         self._check_distributed()
         if self.decode_reserve_tokens < 0:

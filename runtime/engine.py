@@ -79,7 +79,8 @@ class Engine:
                           args.head_dim, loaded.kv_dtype, self.device)
         self.cache: PrefixCache = NoPrefixCache(self.pool) if cfg.disable_prefix_cache else RadixTree(self.pool)
         assert cfg.chunked_prefill_size is not None and cfg.spec_fixed_cost_rows is not None
-        self.scheduler = Scheduler(self.pool, self.cache, make_policy(cfg.schedule_policy, cfg.fair_scheduling),
+        self.scheduler = Scheduler(self.pool, self.cache, make_policy(cfg.schedule_policy, cfg.fair_scheduling,
+                                                                      cfg.lpm_max_overtakes),
                                    cfg.max_running_requests, cfg.max_prefill_tokens,
                                    cfg.decode_reserve_tokens, cfg.chunked_prefill_size)
         self.runner = ModelRunner(self.model, self.kv, self.device, fused_decode(cfg, self.model, self.kv, self.device))

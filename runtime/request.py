@@ -32,7 +32,8 @@ class Request:
       ``priority`` at submission; they never change;
     - the output processor appends to ``output_ids`` and sets ``finish_reason`` (once);
     - the scheduler owns admission and KV: ``arrival``, ``status``, ``prefix``, ``pages``,
-      ``num_computed``, ``num_cached_tokens``, ``num_retractions``, ``admitted_once``.
+      ``num_computed``, ``num_cached_tokens``, ``num_retractions``, ``admitted_once``,
+      ``num_overtaken``.
 
     Everyone else only reads. Token bookkeeping (``all_ids = prompt_ids + output_ids``)::
 
@@ -60,6 +61,7 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens served by the cache at first admission
     num_retractions: int = 0
     admitted_once: bool = False
+    num_overtaken: int = 0  # later arrivals admitted while this one waited (aging: policy.py)
 
     @property
     def priority_rank(self) -> int:

@@ -266,6 +266,9 @@ class Scheduler:
             r.admitted_once = True
         r.status = RequestStatus.RUNNING
         self.waiting.remove(r)
+        for w in self.waiting:
+            if w.arrival < r.arrival:
+                w.num_overtaken += 1
         self.running.append(r)
         self._admitted_at[id(r)] = next(self._admission)
 

@@ -20,7 +20,7 @@ from runtime.outputs import FinishReason
 from runtime.request import Priority, Request
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.batch import ScheduledBatch
-from runtime.scheduler.policy import make_policy
+from runtime.scheduler.policy import DEFAULT_MAX_OVERTAKES, make_policy
 from runtime.scheduler.scheduler import Scheduler
 
 FIRST_FAKE_TOKEN = 900
@@ -44,12 +44,13 @@ class Sim:
         decode_reserve_tokens: int = 0,
         max_model_len: int | None = None,
         fair: bool = False,
+        lpm_max_overtakes: int | None = DEFAULT_MAX_OVERTAKES,
     ) -> None:
         self.pool = PagePool(num_pages, page_size)
         # Like the engine: a request stops at max_model_len tokens, at most the pool's capacity.
         self.max_model_len = max_model_len or (num_pages - 1) * page_size
         self.cache: PrefixCache = RadixTree(self.pool) if prefix_cache else NoPrefixCache(self.pool)
-        self.sched = Scheduler(self.pool, self.cache, make_policy(policy, fair), max_running,
+        self.sched = Scheduler(self.pool, self.cache, make_policy(policy, fair, lpm_max_overtakes), max_running,
                                max_prefill_tokens, decode_reserve_tokens, chunked_prefill_size)
         self.finished: list[Request] = []
 

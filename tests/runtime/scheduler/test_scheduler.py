@@ -81,6 +81,28 @@ def test_lpm_admits_longest_cached_prefix_first() -> None:
     assert _admission_order("lpm") == ["three_pages", "two_pages", "one_page", "none"]
 
 
+def _cold_request_admission(max_overtakes: int | None) -> tuple[int, int]:
+    """(step at which a cache-cold request is admitted, later arrivals admitted before
+    it) while a cache-hot request arrives every step, one admission per step."""
+    sim = Sim(num_pages=257, page_size=4, policy="lpm", max_running=1, lpm_max_overtakes=max_overtakes)
+    sim.add("warm", list(range(1, 13)), max_new_tokens=1)
+    sim.run()
+    sim.add("cold", [50, 51, 52, 53, 54], max_new_tokens=1)
+    ahead = 0
+    for step in range(1, 41):
+        sim.add(f"hot{step}", list(range(1, 13)) + [100 + step], max_new_tokens=1)
+        admitted = [i.request.request_id for i in sim.step().prefill]
+        if admitted == ["cold"]:
+            return step, ahead
+        ahead += len(admitted)
+    return -1, ahead
+
+
+def test_lpm_aging_bounds_how_often_a_cold_request_is_overtaken() -> None:
+    assert _cold_request_admission(3) == (4, 3)
+    assert _cold_request_admission(None) == (-1, 40)  # no bound (the baseline): it starves
+
+
 def test_in_batch_dedup_computes_a_shared_prefix_once() -> None:
     sim = Sim(num_pages=257, page_size=1, max_prefill_tokens=256)
     reqs = [sim.add(f"r{i}", SHARED + [200 + i, 201 + i], max_new_tokens=2) for i in range(3)]
