@@ -240,16 +240,27 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
 
 
 # Batch sizes the C kernel takes on the CPU. Its AVX-512 VNNI path, whose tiles meet 4
-# activation rows x 2 weight rows at a time, takes every size: it is as fast as dequantizing
-# the weight and running fp32 F.linear at 1,024 rows and faster below (measured, 2 threads,
-# load ~1: 3072x576 weight 0.47 / 3.5 / 12.7 / 24.7 ms at 16 / 128 / 512 / 1,024 rows against
-# 2.6 / 5.6 / 22.4 / 32.2 ms), and prefill then runs decode's int8-activation arithmetic.
-# Without VNNI the integer dot product has no more throughput than an fp32 FMA (AVX2:
-# vpmaddubsw + vpmaddwd share one multiply pipe), and above 64 rows the C dequantize (one
-# pass) + fp32 F.linear wins (Zen 1-class EPYC, 2 threads, int8 / Q4 kernel against it:
-# 3072x576 10.9 / 13.5 ms at 64 rows, 12.5 / 12.0 at 128, 21.3 / 18.1 at 256; 576x1536
-# 5.5 / 5.6, 5.7 / 4.5, 11.0 / 8.0), so larger batches there dequantize.
+# activation rows x 2 weight rows at a time, is as fast as dequantizing the weight and
+# running fp32 F.linear at 1,024 rows and faster below (measured, 2 threads, load ~1:
+# 3072x576 weight 0.47 / 3.5 / 12.7 / 24.7 ms at 16 / 128 / 512 / 1,024 rows against
+# 2.6 / 5.6 / 22.4 / 32.2 ms). Without VNNI the integer dot product has no more throughput
+# than an fp32 FMA (AVX2: vpmaddubsw + vpmaddwd share one multiply pipe), and above 64 rows
+# the C dequantize (one pass) + fp32 F.linear wins (Zen 1-class EPYC, 2 threads, int8 / Q4
+# kernel against it: 3072x576 10.9 / 13.5 ms at 64 rows, 12.5 / 12.0 at 128, 21.3 / 18.1
+# at 256; 576x1536 5.5 / 5.6, 5.7 / 4.5, 11.0 / 8.0), so larger batches there dequantize.
 QUANT_KERNEL_MAX_ROWS_WITHOUT_AVX512 = 64
+# Where the CPU has AVX512_BF16, oneDNN's bf16 matmul does two multiply-adds per lane and
+# instruction at full rate, the kernel's int8 blocks one per 1.5 (a per-block scale costs
+# a multiply and a convert): from 32 rows on, the weight dequantized to bf16 in one C pass
+# + that matmul wins, 3-4x at prefill sizes (2-core Zen 5 EPYC, 2 threads, int8 / Q4
+# kernel against it: 3072x576 0.32 / 0.27 ms at 16 rows, 0.63 / 0.39 at 32, 1.27 / 0.51
+# at 64, 22.4 / 6.2 at 1,024; 576x1536 0.29 / 0.20 at 32, 10.0 / 2.9 at 1,024). A bf16
+# copy over glibc's largest mmap threshold (32 MiB: the 49152x576 LM head) is a fresh
+# mapping each call, its page faults cost ~20 ms, so such a weight waits for 256 rows
+# (10.3 / 30.1 ms at 32 rows, 110 / 74 at 256).
+QUANT_BF16_MIN_ROWS = 32
+QUANT_BF16_MIN_ROWS_LARGE = 256
+QUANT_BF16_LARGE_BYTES = 32 << 20
 
 
 def quantized_linear(
@@ -260,18 +271,30 @@ def quantized_linear(
     """See ``kernels.reference.quant.quantized_linear``. The C kernel quantizes ``x`` to
     int8 per block of 32 first (llama.cpp's arithmetic; ``reference.quant.quantize_activations``);
     the reference, on other devices (CUDA included) and without the C kernels, dequantizes
-    the weight and multiplies in fp32, as do large batches where the kernel has no AVX-512
-    (``QUANT_KERNEL_MAX_ROWS_WITHOUT_AVX512``; the weight dequantized by the C kernel's one
-    pass, the reference's bits)."""
+    the weight and multiplies in fp32. Large batches (the weight dequantized by the C
+    kernel's one pass, the reference's bits): with AVX512_BF16, a bf16 matmul of ``x`` and
+    the weight rounded to bf16 (``QUANT_BF16_MIN_ROWS``; ``reference.quant.bf16_linear``);
+    without AVX-512, fp32 F.linear (``QUANT_KERNEL_MAX_ROWS_WITHOUT_AVX512``)."""
     native = _native(x)
-    if native is not None and native.quant_linear.supports(x, weight):
-        if (native.quant_linear.path == "avx512-vnni"
-                or x.numel() // max(x.shape[-1], 1) <= QUANT_KERNEL_MAX_ROWS_WITHOUT_AVX512):
-            return native.quant_linear(x, weight, bias)
+    if native is None or not native.quant_linear.supports(x, weight):
+        return reference.quantized_linear(x, weight, bias)
+    kernel = native.quant_linear
+    rows = x.numel() // max(x.shape[-1], 1)
+    if kernel.has_bf16 and _bf16_pays(rows, weight):
         if x.shape[-1] != weight.in_features:
             raise ValueError(f"expected {weight.in_features} input features, got {x.shape[-1]}")
-        return F.linear(x, native.quant_linear.dequantize(weight), bias)
-    return reference.quantized_linear(x, weight, bias)
+        return reference.bf16_linear(x, kernel.dequantize(weight, torch.bfloat16), bias)
+    if kernel.path == "avx512-vnni" or rows <= QUANT_KERNEL_MAX_ROWS_WITHOUT_AVX512:
+        return kernel(x, weight, bias)
+    if x.shape[-1] != weight.in_features:
+        raise ValueError(f"expected {weight.in_features} input features, got {x.shape[-1]}")
+    return F.linear(x, kernel.dequantize(weight), bias)
+
+
+def _bf16_pays(rows: int, weight: QuantizedWeight) -> bool:
+    """Whether the bf16 matmul beats the kernel at ``rows`` rows (measured: see above)."""
+    large = weight.out_features * weight.in_features * 2 > QUANT_BF16_LARGE_BYTES
+    return rows >= (QUANT_BF16_MIN_ROWS_LARGE if large else QUANT_BF16_MIN_ROWS)
 
 
 def bind_decode_step(weights: DecodeModelWeights, pool: DecodePool) -> BoundDecodeStep:

@@ -571,33 +571,76 @@ int arbor_quant_linear(const float *x, int64_t rows, int64_t k_len, const uint8_
     return 0;
 }
 
-/* out[N, K] = d * code + m in fp32, the reference's dequantize bit for bit (a product, then
- * a sum: never contracted into one fma). One pass over the codes, rows split over threads:
- * the large-batch path of the AVX2 and portable builds multiplies this in fp32. */
+/* The dequantized value of element i of block b of one weight row, d * code + m: a
+ * product, then a sum, never contracted into one fma (the reference's bits). */
+static inline __attribute__((optimize("fp-contract=off"))) float dequantized(const uint8_t *w, int bits, int64_t b, int i, float dv, float mv) {
+    if (bits == 4) return dv * (float)((w[(b / 2) * 32 + i] >> ((b & 1) ? 4 : 0)) & 0x0f) + mv;
+    return dv * (float)w[b * BLOCK + i] + mv;
+}
+
+/* fp32 -> bf16 bits, rounded to nearest even (torch's conversion; the values are finite). */
+static inline uint16_t to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+/* out[N, K] = d * code + m, the reference's dequantize bit for bit, in fp32 (bf16 = 0) or
+ * rounded to bf16 (bf16 = 1: torch's float -> bfloat16 of those values). One pass over
+ * the codes, rows split over threads: the large-batch paths multiply the result with
+ * torch (fp32 F.linear where there is no AVX-512, oneDNN bf16 where there is AVX512_BF16). */
 __attribute__((optimize("fp-contract=off"))) void arbor_dequantize(
     const uint8_t *codes, const uint16_t *d, const uint16_t *mo, int64_t n_out, int64_t k_len,
-    int64_t kp, int64_t num_groups, int group_shift, int bits, float *out, int num_threads) {
+    int64_t kp, int64_t num_groups, int group_shift, int bits, void *out, int bf16, int num_threads) {
     const int64_t nb = kp / BLOCK, row_bytes = bits == 4 ? kp / 2 : kp;
 #pragma omp parallel for num_threads(threads_for(n_out * kp * 4, num_threads)) schedule(static)
     for (int64_t n = 0; n < n_out; n++) {
         const uint8_t *w = codes + n * row_bytes;
-        float *y = out + n * k_len;
         for (int64_t b = 0; b < nb && b * BLOCK < k_len; b++) {
             const int64_t g = num_groups == 1 ? 0 : b >> group_shift;
             const float dv = half_to_float(d[n * num_groups + g]), mv = half_to_float(mo[n * num_groups + g]);
             const int64_t len = k_len - b * BLOCK < BLOCK ? k_len - b * BLOCK : BLOCK;
-            float v[BLOCK];
-            if (bits == 4) {
-                const uint8_t *wb = w + (b / 2) * 32;
-                const int shift = (b & 1) ? 4 : 0;
-                for (int i = 0; i < BLOCK; i++) v[i] = dv * (float)((wb[i] >> shift) & 0x0f) + mv;
-            } else {
-                const uint8_t *wb = w + b * BLOCK;
-                for (int i = 0; i < BLOCK; i++) v[i] = dv * (float)wb[i] + mv;
+#if defined(QPATH_AVX512) && defined(__AVX512BF16__)
+            if (bf16) { /* 32 values: codes widened, d * code, + m, rounded by vcvtne2ps2bf16 (RNE) */
+                __m128i c0, c1;
+                if (bits == 4) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(w + (b / 2) * 32));
+                    const __m256i nib = _mm256_and_si256((b & 1) ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0f));
+                    c0 = _mm256_castsi256_si128(nib), c1 = _mm256_extracti128_si256(nib, 1);
+                } else {
+                    c0 = _mm_loadu_si128((const __m128i *)(w + b * BLOCK));
+                    c1 = _mm_loadu_si128((const __m128i *)(w + b * BLOCK + 16));
+                }
+                const __m512 dvv = _mm512_set1_ps(dv), mvv = _mm512_set1_ps(mv);
+                const __m512 lo = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(c0)), dvv), mvv);
+                const __m512 hi = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(c1)), dvv), mvv);
+                const __m512i packed = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+                uint16_t *dst = (uint16_t *)out + n * k_len + b * BLOCK;
+                _mm512_mask_storeu_epi16(dst, len == BLOCK ? (__mmask32)0xffffffffu : (__mmask32)((1u << len) - 1), packed);
+                continue;
             }
-            memcpy(y + b * BLOCK, v, (size_t)len * sizeof(float));
+#endif
+            if (bf16) {
+                uint16_t v[BLOCK];
+                for (int i = 0; i < BLOCK; i++) v[i] = to_bf16(dequantized(w, bits, b, i, dv, mv));
+                memcpy((uint16_t *)out + n * k_len + b * BLOCK, v, (size_t)len * sizeof(uint16_t));
+            } else {
+                float v[BLOCK];
+                for (int i = 0; i < BLOCK; i++) v[i] = dequantized(w, bits, b, i, dv, mv);
+                memcpy((float *)out + n * k_len + b * BLOCK, v, (size_t)len * sizeof(float));
+            }
         }
     }
+}
+
+/* Whether this build (and so this CPU: -march=native) has AVX512_BF16, whose oneDNN bf16
+ * matmul the large-batch path uses (arbor_dequantize writes the bf16 weight with it). */
+int arbor_quant_has_bf16(void) {
+#if defined(QPATH_AVX512) && defined(__AVX512BF16__)
+    return 1;
+#else
+    return 0;
+#endif
 }
 
 /* Which path this build took: 2 AVX-512 VNNI, 1 AVX2, 0 portable C. */

@@ -26,10 +26,13 @@ class CpuQuantLinear:
         self._fn = lib.arbor_quant_linear
         self._fn.argtypes, self._fn.restype = _ARGTYPES, ctypes.c_int
         self._dequantize = lib.arbor_dequantize
-        self._dequantize.argtypes = [_P, _P, _P, _I, _I, _I, _I, _N, _N, _P, _N]
+        self._dequantize.argtypes = [_P, _P, _P, _I, _I, _I, _I, _N, _N, _P, _N, _N]
         self._dequantize.restype = None
         lib.arbor_quant_path.restype = ctypes.c_int
         self.path = PATHS[lib.arbor_quant_path()]  # the instruction set this build uses
+        lib.arbor_quant_has_bf16.restype = ctypes.c_int
+        # AVX512_BF16 here: large batches run as a oneDNN bf16 matmul (kernels/dispatch.py)
+        self.has_bf16 = bool(lib.arbor_quant_has_bf16())
 
     @staticmethod
     def supports(x: torch.Tensor, weight: QuantizedWeight) -> bool:
@@ -59,15 +62,18 @@ class CpuQuantLinear:
             raise MemoryError("quant_linear: could not allocate the quantized activations")
         return out.view(*lead, weight.out_features)
 
-    def dequantize(self, weight: QuantizedWeight) -> torch.Tensor:  # [N, K] float32
-        """``reference.quant.dequantize``, bit for bit, in one pass over the codes."""
+    def dequantize(self, weight: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:  # [N, K]
+        """``reference.quant.dequantize``, bit for bit, in one pass over the codes; with
+        ``dtype=torch.bfloat16`` those values rounded as ``Tensor.bfloat16()`` rounds them."""
         if weight.codes.device.type != "cpu":
             raise ValueError(f"the C dequantize reads CPU tensors, got {weight.codes.device}")
-        out = torch.empty(weight.out_features, weight.in_features, dtype=torch.float32)
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"the C dequantize writes float32 or bfloat16, not {dtype}")
+        out = torch.empty(weight.out_features, weight.in_features, dtype=dtype)
         codes, scales, offsets = (t.contiguous() for t in (weight.codes, weight.scales, weight.offsets))
         self._dequantize(
             codes.data_ptr(), scales.data_ptr(), offsets.data_ptr(), weight.out_features,
             weight.in_features, weight.padded_features, weight.num_groups, weight.group_shift,
-            weight.bits, out.data_ptr(), torch.get_num_threads(),
+            weight.bits, out.data_ptr(), int(dtype == torch.bfloat16), torch.get_num_threads(),
         )
         return out

@@ -11,10 +11,10 @@ from kernels.reference.attention import (
     store_kv,
 )
 from kernels.reference.norm import add_rms_norm, rms_norm
-from kernels.reference.quant import QuantizedWeight, quantized_linear
+from kernels.reference.quant import QuantizedWeight, bf16_linear, quantized_linear
 from kernels.reference.rotary import apply_rotary
 
 __all__ = [
-    "add_rms_norm", "apply_rotary", "decode_attention", "extend_attention", "merge_shared_prefixes",
+    "add_rms_norm", "apply_rotary", "bf16_linear", "decode_attention", "extend_attention", "merge_shared_prefixes",
     "plan_decode", "plan_extend", "QuantizedWeight", "quantized_linear", "rms_norm", "silu_and_mul", "store_kv",
 ]

@@ -86,6 +86,7 @@ def test_kernel_takes_every_code_and_full_scale_activations(
 def test_dequantize_is_the_references_bit_for_bit(kernel: CpuQuantLinear, fmt: str, n: int, k: int) -> None:
     weight = FORMATS[fmt](_randn(n, k, seed=12, scale=0.05))
     assert torch.equal(kernel.dequantize(weight), Q.dequantize(weight))
+    assert torch.equal(kernel.dequantize(weight, torch.bfloat16), Q.dequantize(weight).bfloat16())
 
 
 def test_kernel_takes_any_leading_shape_and_no_rows(kernel: CpuQuantLinear) -> None:
@@ -114,16 +115,42 @@ def test_dispatch_uses_the_kernel_and_falls_back_to_the_reference(
     native = dispatch.quantized_linear(x, weight)
     torch.testing.assert_close(native, Q.quantized_linear(Q.quantize_activations(x), weight),
                                atol=2e-5, rtol=1e-5)
-    many = _randn(600, 256, seed=9)  # a prefill chunk: the AVX-512 kernel takes it, others dequantize
-    on_kernel = cpu_kernels.quant_linear.path == "avx512-vnni"
-    torch.testing.assert_close(dispatch.quantized_linear(many, weight),
-                               Q.quantized_linear(Q.quantize_activations(many) if on_kernel else many, weight),
-                               atol=2e-5, rtol=1e-5)
+    many = _randn(600, 256, seed=9)  # a prefill chunk: bf16 with AVX512_BF16, else the AVX-512 kernel
+    kernel = cpu_kernels.quant_linear
+    if kernel.has_bf16:
+        want = Q.bf16_linear(many, Q.dequantize(weight).bfloat16())
+    else:
+        want = Q.quantized_linear(Q.quantize_activations(many) if kernel.path == "avx512-vnni" else many, weight)
+    torch.testing.assert_close(dispatch.quantized_linear(many, weight), want, atol=2e-5, rtol=1e-5)
     dispatch.set_kernel_backend("torch")
     try:
         torch.testing.assert_close(dispatch.quantized_linear(x, weight), Q.quantized_linear(x, weight))
     finally:
         dispatch.set_kernel_backend("auto")
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_with_bf16_large_batches_run_a_bf16_matmul(cpu_kernels: CpuKernels, monkeypatch: pytest.MonkeyPatch,
+                                                   fmt: str) -> None:
+    """From QUANT_BF16_MIN_ROWS rows on (AVX512_BF16 machines) the weight, dequantized to
+    bf16, meets x in a oneDNN bf16 matmul: exactly ``reference.quant.bf16_linear``, and
+    within its bf16 rounding (~0.3%) of the fp32 spec; below, the int8 kernel."""
+    if not cpu_kernels.quant_linear.has_bf16:
+        pytest.skip("this CPU has no AVX512_BF16: large batches take the kernel or fp32")
+    weight = FORMATS[fmt](_randn(96, 800, seed=14, scale=0.05))
+    bias = _randn(96, seed=15)
+    monkeypatch.setattr(dispatch, "_cpu", cpu_kernels)
+    limit = dispatch.QUANT_BF16_MIN_ROWS
+    for rows, on_bf16 in ((limit - 1, False), (limit, True), (300, True)):
+        x = _randn(rows, 800, seed=16)
+        out = dispatch.quantized_linear(x, weight, bias)
+        spec = Q.quantized_linear(x, weight, bias)
+        if on_bf16:
+            assert torch.equal(out, Q.bf16_linear(x, Q.dequantize(weight).bfloat16(), bias))
+            assert ((out - spec).norm() / spec.norm()).item() < 0.005
+        else:
+            torch.testing.assert_close(out, Q.quantized_linear(Q.quantize_activations(x), weight, bias),
+                                       atol=2e-5, rtol=1e-5)
 
 
 def test_without_avx512_large_batches_dequantize(cpu_kernels: CpuKernels, monkeypatch: pytest.MonkeyPatch,
