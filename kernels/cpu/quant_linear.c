@@ -195,46 +195,62 @@ static inline float dot_row1(const uint8_t *w, int bits, const float *wd, const 
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
+/* The four horizontal sums of a0..a3, as one vector [sum a0, sum a1, sum a2, sum a3]. */
+static inline __m128 hsum4x16(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+    const __m256 b0 = _mm256_add_ps(_mm512_castps512_ps256(a0), _mm512_extractf32x8_ps(a0, 1));
+    const __m256 b1 = _mm256_add_ps(_mm512_castps512_ps256(a1), _mm512_extractf32x8_ps(a1, 1));
+    const __m256 b2 = _mm256_add_ps(_mm512_castps512_ps256(a2), _mm512_extractf32x8_ps(a2, 1));
+    const __m256 b3 = _mm256_add_ps(_mm512_castps512_ps256(a3), _mm512_extractf32x8_ps(a3, 1));
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(b0, b1), _mm256_hadd_ps(b2, b3));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
 /* NW weight rows (codes w, row stride row_bytes; per-block floats wd / wm, row stride ws)
  * against JN activation rows: each superblock of codes is unpacked once for the JN rows,
- * and each activation superblock (codes and scales) is loaded once for the NW rows. NW and
- * JN are compile-time constants at every call (always_inline), so the loops unroll into
- * NW * JN independent accumulators. xq: the first activation row (row stride kp); dxe: its
- * expanded scales (stride nsb * 16); xs: its dx * xsum (stride nb). out[i * 4 + j]. */
+ * and each activation superblock (codes and scales) is loaded once for the NW rows. NW,
+ * JN and ROW_SCALE are compile-time constants at every call (always_inline), so the loops
+ * unroll into NW * JN independent accumulators. xq: the first activation row (row stride
+ * kp); dxe: its expanded scales (stride nsb * 16); xs: its dx * xsum (stride nb).
+ * ROW_SCALE (one scale and offset per weight row: int8 per channel): a block's integer sum
+ * is scaled by dx alone, and the caller applies the row's d and its offset m * sum_b xs
+ * once (out = d * out + m * xs_total), which saves a multiply per block and the offset
+ * pass. out[i * 4 + j]. */
 static inline __attribute__((always_inline)) void dot_block(
     const uint8_t *w, int64_t row_bytes, int bits, const float *wd, const float *wm, int64_t ws,
     int64_t nb, const int8_t *xq, int64_t kp, const float *dxe, const float *xs, const int NW,
-    const int JN, float *out) {
+    const int JN, const int ROW_SCALE, float *out) {
     const __m512i pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     const int64_t nsb = nb / 2;
     __m512 acc[2][4];
     for (int i = 0; i < NW; i++)
-        for (int j = 0; j < JN; j++) acc[i][j] = _mm512_setzero_ps();
+        for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();
     for (int64_t sb = 0; sb < nsb; sb++) {
         __m512i wv[2];
         __m512 wdp[2];
         for (int i = 0; i < NW; i++) {
             wv[i] = load_codes(w + i * row_bytes, bits, sb);
-            wdp[i] = _mm512_permutexvar_ps(pick, _mm512_loadu_ps(wd + i * ws + 2 * sb));
+            if (!ROW_SCALE) wdp[i] = _mm512_permutexvar_ps(pick, _mm512_loadu_ps(wd + i * ws + 2 * sb));
         }
         for (int j = 0; j < JN; j++) {
             const __m512i xv = _mm512_loadu_si512((const void *)(xq + j * kp + sb * 64));
             const __m512 dv = _mm512_loadu_ps(dxe + (j * nsb + sb) * 16);
             for (int i = 0; i < NW; i++) {
-                const __m512i iv = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[i], xv);
-                acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iv), _mm512_mul_ps(wdp[i], dv), acc[i][j]);
+                const __m512 iv = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[i], xv));
+                acc[i][j] = _mm512_fmadd_ps(iv, ROW_SCALE ? dv : _mm512_mul_ps(wdp[i], dv), acc[i][j]);
             }
         }
     }
     for (int i = 0; i < NW; i++) {
-        for (int j = 0; j < JN; j++) {
-            for (int64_t b = 0; b < nb; b += 16) { /* the offset term, m * dx * xsum */
-                const __mmask16 k = nb - b >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nb - b)) - 1);
-                acc[i][j] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, wm + i * ws + b),
-                                            _mm512_maskz_loadu_ps(k, xs + j * nb + b), acc[i][j]);
+        if (!ROW_SCALE) {
+            for (int j = 0; j < JN; j++) {
+                for (int64_t b = 0; b < nb; b += 16) { /* the offset term, m * dx * xsum */
+                    const __mmask16 k = nb - b >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nb - b)) - 1);
+                    acc[i][j] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, wm + i * ws + b),
+                                                _mm512_maskz_loadu_ps(k, xs + j * nb + b), acc[i][j]);
+                }
             }
-            out[i * 4 + j] = _mm512_reduce_add_ps(acc[i][j]);
         }
+        _mm_storeu_ps(out + i * 4, hsum4x16(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
     }
 }
 #endif
@@ -421,6 +437,7 @@ void arbor_qmatmul_range(const ArborQWeight *w, const ArborQAct *a, int64_t n0, 
      * activation rows four at a time, two weight rows at a time (dot_block). */
     enum { TILE_ROWS = 16 };
     const int64_t ws = nb + 16, nsb = nb / 2;
+    const int row_scale = w->num_groups == 1;
     float wd[TILE_ROWS * ws], wm[TILE_ROWS * ws];
     for (int64_t t0 = n0; t0 < n1; t0 += TILE_ROWS) {
         const int64_t t1 = t0 + TILE_ROWS < n1 ? t0 + TILE_ROWS : n1;
@@ -437,27 +454,39 @@ void arbor_qmatmul_range(const ArborQWeight *w, const ArborQAct *a, int64_t n0, 
             const int64_t jn = rows - m0 < 4 ? rows - m0 : 4;
             const int8_t *xq = a->xq + m0 * kp;
             const float *dxe = a->dxe + m0 * nsb * 16, *xs = a->xs + m0 * nb;
+            float xs_total[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* sum_b dx * xsum, for ROW_SCALE */
+            if (row_scale)
+                for (int64_t j = 0; j < jn; j++)
+                    for (int64_t b = 0; b < nb; b++) xs_total[j] += xs[j * nb + b];
             for (int64_t n = t0; n < t1; n += 2) {
                 const int64_t nw = t1 - n < 2 ? 1 : 2;
                 const uint8_t *codes = w->codes + n * row_bytes;
                 const float *wdn = wd + (n - t0) * ws, *wmn = wm + (n - t0) * ws;
                 float out[8];
-#define BLOCK_CALL(NW, JN) dot_block(codes, row_bytes, w->bits, wdn, wmn, ws, nb, xq, kp, dxe, xs, NW, JN, out)
-                if (nw == 2) {
-                    if (jn == 4) BLOCK_CALL(2, 4);
-                    else if (jn == 3) BLOCK_CALL(2, 3);
-                    else if (jn == 2) BLOCK_CALL(2, 2);
-                    else BLOCK_CALL(2, 1);
+#define BLOCK_CALL(NW, JN, RS) dot_block(codes, row_bytes, w->bits, wdn, wmn, ws, nb, xq, kp, dxe, xs, NW, JN, RS, out)
+#define BY_ROWS(NW, RS)                                                                            \
+    do {                                                                                           \
+        if (jn == 4) BLOCK_CALL(NW, 4, RS);                                                        \
+        else if (jn == 3) BLOCK_CALL(NW, 3, RS);                                                   \
+        else if (jn == 2) BLOCK_CALL(NW, 2, RS);                                                   \
+        else BLOCK_CALL(NW, 1, RS);                                                                \
+    } while (0)
+                if (row_scale) {
+                    if (nw == 2) BY_ROWS(2, 1);
+                    else BY_ROWS(1, 1);
                 } else {
-                    if (jn == 4) BLOCK_CALL(1, 4);
-                    else if (jn == 3) BLOCK_CALL(1, 3);
-                    else if (jn == 2) BLOCK_CALL(1, 2);
-                    else BLOCK_CALL(1, 1);
+                    if (nw == 2) BY_ROWS(2, 0);
+                    else BY_ROWS(1, 0);
                 }
+#undef BY_ROWS
 #undef BLOCK_CALL
-                for (int64_t i = 0; i < nw; i++)
-                    for (int64_t j = 0; j < jn; j++)
-                        put(y + (m0 + j) * ldy + (n + i - n0), out[i * 4 + j], w->bias, n + i, accumulate);
+                for (int64_t i = 0; i < nw; i++) {
+                    for (int64_t j = 0; j < jn; j++) {
+                        float v = out[i * 4 + j];
+                        if (row_scale) v = wdn[i * ws] * v + wmn[i * ws] * xs_total[j];
+                        put(y + (m0 + j) * ldy + (n + i - n0), v, w->bias, n + i, accumulate);
+                    }
+                }
             }
         }
     }
