@@ -28,6 +28,7 @@ from kernels.cpu.decode_step import (
     DecodePool,
     UnsupportedDecodeModel,
 )
+from kernels.cpu.quant_linear import CpuQuantLinear
 from kernels.reference.attention import AttentionPlan, SharedPrefix
 from kernels.reference.quant import QuantizedWeight
 
@@ -250,17 +251,36 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
 # at 256; 576x1536 5.5 / 5.6, 5.7 / 4.5, 11.0 / 8.0), so larger batches there dequantize.
 QUANT_KERNEL_MAX_ROWS_WITHOUT_AVX512 = 64
 # Where the CPU has AVX512_BF16, oneDNN's bf16 matmul does two multiply-adds per lane and
-# instruction at full rate, the kernel's int8 blocks one per 1.5 (a per-block scale costs
-# a multiply and a convert): from 32 rows on, the weight dequantized to bf16 in one C pass
-# + that matmul wins, 3-4x at prefill sizes (2-core Zen 5 EPYC, 2 threads, int8 / Q4
-# kernel against it: 3072x576 0.32 / 0.27 ms at 16 rows, 0.63 / 0.39 at 32, 1.27 / 0.51
-# at 64, 22.4 / 6.2 at 1,024; 576x1536 0.29 / 0.20 at 32, 10.0 / 2.9 at 1,024). A bf16
-# copy over glibc's largest mmap threshold (32 MiB: the 49152x576 LM head) is a fresh
-# mapping each call, its page faults cost ~20 ms, so such a weight waits for 256 rows
-# (10.3 / 30.1 ms at 32 rows, 110 / 74 at 256).
+# instruction at full rate; the kernel's int8 blocks cost a convert and a multiply-add each,
+# and a multiply more for a per-block weight scale. From QUANT_BF16_MIN_ROWS rows on (a
+# weight with one scale per row: QUANT_BF16_MIN_ROWS_PER_ROW) the weight dequantized to
+# bf16 in one C pass + that matmul wins, 2-4x at prefill sizes (2-core Zen 5 EPYC, 2
+# threads, kernel against it: Q4 3072x576 0.30 / 0.26 ms at 16 rows, 0.45 / 0.27 at 32,
+# 20.5 / 5.1 at 1,024; int8 per channel 0.28 / 0.26 at 32, 0.68 / 0.41 at 64, 10.6 / 5.0 at
+# 1,024). A bf16 copy over glibc's largest mmap threshold (32 MiB: the 49152x576 LM head)
+# is a fresh mapping each call, its page faults cost ~20 ms, so such a weight waits for
+# QUANT_BF16_MIN_ROWS_LARGE rows (10.3 / 30.1 ms at 32 rows, 110 / 74 at 256).
 QUANT_BF16_MIN_ROWS = 32
+QUANT_BF16_MIN_ROWS_PER_ROW = 64
 QUANT_BF16_MIN_ROWS_LARGE = 256
 QUANT_BF16_LARGE_BYTES = 32 << 20
+
+
+def quant_kernel_max_rows(weight: QuantizedWeight) -> int | None:
+    """The largest batch the C kernel multiplies ``weight`` with on this machine (None:
+    every batch, or no C kernel in use); larger batches multiply the dequantized weight
+    (``quantized_linear``). The fused decode step, which has only the kernel, takes
+    batches up to this size, so both paths compute the same bits."""
+    native = _cpu if _cpu is not None and _backend in ("auto", "cpu") else None
+    return None if native is None else _kernel_max_rows(native.quant_linear, weight)
+
+
+def _kernel_max_rows(kernel: CpuQuantLinear, weight: QuantizedWeight) -> int | None:
+    if kernel.has_bf16:
+        if weight.out_features * weight.in_features * 2 > QUANT_BF16_LARGE_BYTES:
+            return QUANT_BF16_MIN_ROWS_LARGE - 1
+        return (QUANT_BF16_MIN_ROWS_PER_ROW if weight.num_groups == 1 else QUANT_BF16_MIN_ROWS) - 1
+    return None if kernel.path == "avx512-vnni" else QUANT_KERNEL_MAX_ROWS_WITHOUT_AVX512
 
 
 def quantized_linear(
@@ -271,30 +291,21 @@ def quantized_linear(
     """See ``kernels.reference.quant.quantized_linear``. The C kernel quantizes ``x`` to
     int8 per block of 32 first (llama.cpp's arithmetic; ``reference.quant.quantize_activations``);
     the reference, on other devices (CUDA included) and without the C kernels, dequantizes
-    the weight and multiplies in fp32. Large batches (the weight dequantized by the C
-    kernel's one pass, the reference's bits): with AVX512_BF16, a bf16 matmul of ``x`` and
-    the weight rounded to bf16 (``QUANT_BF16_MIN_ROWS``; ``reference.quant.bf16_linear``);
-    without AVX-512, fp32 F.linear (``QUANT_KERNEL_MAX_ROWS_WITHOUT_AVX512``)."""
+    the weight and multiplies in fp32. Batches over ``quant_kernel_max_rows`` dequantize the
+    weight in the C kernel's one pass (the reference's bits) and multiply it: in bf16 with
+    AVX512_BF16 (``reference.quant.bf16_linear``), in fp32 without AVX-512."""
     native = _native(x)
     if native is None or not native.quant_linear.supports(x, weight):
         return reference.quantized_linear(x, weight, bias)
     kernel = native.quant_linear
-    rows = x.numel() // max(x.shape[-1], 1)
-    if kernel.has_bf16 and _bf16_pays(rows, weight):
-        if x.shape[-1] != weight.in_features:
-            raise ValueError(f"expected {weight.in_features} input features, got {x.shape[-1]}")
-        return reference.bf16_linear(x, kernel.dequantize(weight, torch.bfloat16), bias)
-    if kernel.path == "avx512-vnni" or rows <= QUANT_KERNEL_MAX_ROWS_WITHOUT_AVX512:
+    limit = _kernel_max_rows(kernel, weight)
+    if limit is None or x.numel() // max(x.shape[-1], 1) <= limit:
         return kernel(x, weight, bias)
     if x.shape[-1] != weight.in_features:
         raise ValueError(f"expected {weight.in_features} input features, got {x.shape[-1]}")
+    if kernel.has_bf16:
+        return reference.bf16_linear(x, kernel.dequantize(weight, torch.bfloat16), bias)
     return F.linear(x, kernel.dequantize(weight), bias)
-
-
-def _bf16_pays(rows: int, weight: QuantizedWeight) -> bool:
-    """Whether the bf16 matmul beats the kernel at ``rows`` rows (measured: see above)."""
-    large = weight.out_features * weight.in_features * 2 > QUANT_BF16_LARGE_BYTES
-    return rows >= (QUANT_BF16_MIN_ROWS_LARGE if large else QUANT_BF16_MIN_ROWS)
 
 
 def bind_decode_step(weights: DecodeModelWeights, pool: DecodePool) -> BoundDecodeStep:

@@ -6,6 +6,12 @@ step, 8.7 ms of it in the linears (measured, GGUF weights, 2 threads). The fused
 (``kernels/cpu/decode_step.c``) runs the whole forward pass in one OpenMP region with the
 same arithmetic; the layer-by-layer model stays the reference, the path for every batch
 that prefills or verifies, and the path for models the step does not take.
+
+The step has only the quantized kernel; where the layer-by-layer linears leave it for a
+dequantized matmul above some batch size (``kernels.quant_kernel_max_rows``: a bf16 matmul
+from 32 or 64 rows with AVX512_BF16), the step takes batches up to that size
+(``max_batch``) and larger decode batches run layer by layer, so the two paths always
+compute the same bits, and a large batch gets the faster matmul.
 """
 
 from __future__ import annotations
@@ -56,8 +62,12 @@ def decode_pool(kv: KVCache) -> DecodePool:
 class FusedDecode:
     """The fused step bound to one model and its KV pool."""
 
-    def __init__(self, model: LlamaForCausalLM, step: BoundDecodeStep) -> None:
+    def __init__(self, model: LlamaForCausalLM, step: BoundDecodeStep, max_batch: int | None = None) -> None:
         self.model, self.step = model, step
+        self.max_batch = max_batch  # larger decode batches take the layer-by-layer path (None: none)
+
+    def takes(self, batch_size: int) -> bool:
+        return self.max_batch is None or batch_size <= self.max_batch
 
     @classmethod
     def build(cls, model: LlamaForCausalLM, kv: KVCache, device: torch.device) -> FusedDecode:
@@ -65,7 +75,11 @@ class FusedDecode:
         (not the CPU, weights not block-quantized, native kernels not built...)."""
         if device.type != "cpu":
             raise UnsupportedDecodeModel(f"the fused decode step runs on the CPU, not {device}")
-        return cls(model, kernels.bind_decode_step(decode_weights(model), decode_pool(kv)))
+        weights = decode_weights(model)
+        step = kernels.bind_decode_step(weights, decode_pool(kv))
+        every = [w for layer in weights.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        limits = [n for n in map(kernels.quant_kernel_max_rows, [*every, weights.lm_head]) if n is not None]
+        return cls(model, step, min(limits, default=None))
 
     @torch.inference_mode()
     def forward(

@@ -46,7 +46,7 @@ class ModelRunner:
         self.fused = fused  # decode-only batches run as one native call when set
 
     def forward(self, batch: ForwardBatch) -> ForwardOutput:
-        if self.fused is not None and not batch.extend and batch.decode:
+        if self.fused is not None and not batch.extend and batch.decode and self.fused.takes(len(batch.decode)):
             return self._forward_fused(batch.decode)
         input_ids, positions, slots = self._token_tensors(batch)
         meta = self._metadata(batch, slots)

@@ -16,7 +16,7 @@ from runtime import Engine, SamplingParams
 from runtime.model.fused_decode import FusedDecode
 from runtime.model.kv_cache import KVCache
 from runtime.model.loader import load_model
-from runtime.model.quant import quantize_model
+from runtime.model.quant import QuantizedLinear, quantize_model
 from runtime.model.runner import ModelRunner
 from runtime.scheduler.batch import ForwardBatch, ForwardSeq
 
@@ -110,6 +110,33 @@ def test_fused_steps_equal_the_layer_by_layer_path(fmt: str, kv_dtype: torch.dty
                 assert torch.equal(got.logits, want.logits)
                 _assert_same_kv(eager.kv, fused.kv, _slots(seqs))
                 new = want.logits.argmax(dim=-1).tolist()
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_batches_past_the_kernels_limit_run_layer_by_layer(fmt: str, tiny_llama_dir: Path) -> None:
+    """Where the layer-by-layer linears leave the kernel above some batch size (a bf16
+    matmul with AVX512_BF16, fp32 F.linear without AVX-512), the fused step takes batches
+    up to that size, so both paths compute the same bits at every size."""
+    model = _model(tiny_llama_dir, fmt)
+    eager, fused = _runners(model, 4, torch.float32)
+    assert fused.fused is not None
+    limits = {kernels.quant_kernel_max_rows(m.weight) for m in model.modules() if isinstance(m, QuantizedLinear)}
+    assert fused.fused.max_batch == min((n for n in limits if n is not None), default=None)
+    if fused.fused.max_batch is None:
+        pytest.skip("this CPU's kernel takes every batch (AVX-512 VNNI without BF16): nothing to split")
+    size = fused.fused.max_batch + 1
+    seqs = Seqs(_prompts([3 + i % 5 for i in range(size)]), 4)
+    called = []
+    step = fused.fused.step
+    fused.fused.step = lambda *a: called.append(1) or step(*a)  # type: ignore[method-assign]
+    with torch.inference_mode():
+        new = eager.forward(seqs.prefill()).logits.argmax(dim=-1).tolist()
+        fused.forward(seqs.prefill())
+        batch = seqs.decode(new)
+        assert torch.equal(fused.forward(batch).logits, eager.forward(batch).logits) and not called
+        small = ForwardBatch((), batch.decode[: size - 1])
+        fused.forward(small)
+        assert called == [1]
 
 
 def test_qkv_bias_and_tied_head(tiny_qwen2_dir: Path) -> None:
