@@ -78,7 +78,10 @@ static void quantize_row(const float *x, int64_t k_len, int64_t nb, int8_t *xq, 
         const int64_t start = b * BLOCK;
         const int64_t n = k_len - start < BLOCK ? (k_len - start > 0 ? k_len - start : 0) : BLOCK;
         float amax = 0.0f;
-        for (int64_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[start + i]));
+        for (int64_t i = 0; i < n; i++) { /* fmaxf's result (NaN ignored), without its libm call */
+            const float a = fabsf(x[start + i]);
+            amax = a > amax ? a : amax;
+        }
         const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
         int32_t sum = 0;
         for (int64_t i = 0; i < BLOCK; i++) {

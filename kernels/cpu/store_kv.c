@@ -36,7 +36,10 @@ static uint8_t to_e4m3(float x) {
 void arbor_store_kv_row(const float *x, int64_t dim, int kind, void *codes, float *scale) {
     const float qmax = kind == 1 ? 127.0f : 448.0f;
     float amax = 0.0f;
-    for (int64_t d = 0; d < dim; d++) amax = fmaxf(amax, fabsf(x[d]));
+    for (int64_t d = 0; d < dim; d++) { /* fmaxf's result (NaN ignored), without its libm call */
+        const float a = fabsf(x[d]);
+        amax = a > amax ? a : amax;
+    }
     const float s = amax > 0.0f ? amax / qmax : 1.0f;
     *scale = s;
     for (int64_t d = 0; d < dim; d++) {
