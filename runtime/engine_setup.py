@@ -4,6 +4,7 @@ KV pool size, native kernels, the garbage collector."""
 from __future__ import annotations
 
 import atexit
+import ctypes
 import gc
 import logging
 import os
@@ -239,8 +240,22 @@ def load_engine_model(requested: EngineConfig, rank: int = 0) -> LoadedModel:
         add_collectives(model, plan)
     if device.type == "cpu":
         enable_cpu_kernels()
+        return_freed_heap()
     return LoadedModel(cfg, device, dtype, kv_dtype, model_dir, tokenizer, hf_config, model, num_pages, max_model_len,
                        weights)
+
+
+def return_freed_heap() -> bool:
+    """Hand the heap that loading freed back to the OS; False where the C library has no
+    ``malloc_trim`` (not glibc). glibc keeps freed chunks resident: after converting the
+    fp32 checkpoint to int8 weights an engine held ~400-500 MiB it no longer used (default
+    model: 1,497 -> 1,099 MiB RSS once trimmed, measured; fp32 weights: 18 MiB)."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim(0)
+    return True
 
 
 def _load_weights(
@@ -256,4 +271,17 @@ def _load_weights(
     model = load_model(model_dir, device, dtype, max_model_len)
     if weights in ("int8", "int4"):
         quantize_model(model, weights)
+        _own_storage(model)
     return model
+
+
+def _own_storage(model: torch.nn.Module) -> None:
+    """Copy the tensors the model still holds (norms, biases) out of the checkpoint. They
+    are views into the mmapped safetensors file, and while one lives the whole file's pages
+    stay mapped: an int8 engine of the default model kept 513 MiB of the fp32 file resident
+    beside its 131 MiB of weights (measured in /proc/self/smaps)."""
+    for module in model.modules():
+        for param in module.parameters(recurse=False):
+            param.data = param.data.clone()
+        for name, buf in module.named_buffers(recurse=False):
+            module._buffers[name] = buf.clone()

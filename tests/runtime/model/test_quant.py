@@ -4,6 +4,8 @@ GGUF-native weights equal to the converted fp32 ones and next-token agreement ga
 
 from __future__ import annotations
 
+import platform
+import shutil
 from pathlib import Path
 
 import pytest
@@ -104,6 +106,36 @@ def test_engine_generates_with_int8_weights(tiny_llama_dir: Path) -> None:
         engine.close()
     assert len(outs["int8"]) == 8
     assert outs["int8"][:2] == outs["fp32"][:2]  # random weights: only the first steps are margin-safe
+
+
+def _mapped(path: Path) -> bool:
+    """Whether this process maps ``path`` (Linux: /proc/self/maps)."""
+    return any(line.rstrip().endswith(str(path)) for line in Path("/proc/self/maps").read_text().splitlines())
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="environment: no /proc (not Linux)")
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_a_quantized_engine_lets_go_of_the_fp32_checkpoint(fmt: str, tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """Converting weights keeps nothing that views the mmapped safetensors file (a norm
+    weight left as a view kept the whole file's pages resident), and the heap that the
+    conversion freed goes back to the OS where glibc can."""
+    from runtime.engine_setup import return_freed_heap
+
+    model_dir = tmp_path / "model"  # a file of its own: other engines of this process map theirs
+    shutil.copytree(tiny_llama_dir, model_dir)
+    checkpoint = (model_dir / "model.safetensors").resolve()
+    engine = Engine(model=str(model_dir), weights=fmt, num_pages=64)
+    try:
+        assert not _mapped(checkpoint)
+    finally:
+        engine.close()
+    # The check itself sees a mapping: fp32 weights keep the file's tensors as they are.
+    fp32 = Engine(model=str(model_dir), weights="fp32", num_pages=64)
+    try:
+        assert _mapped(checkpoint)
+    finally:
+        fp32.close()
+    assert return_freed_heap() == (platform.libc_ver()[0] == "glibc")
 
 
 # ---- the default model (slow: loads it two to four times) ----------------------------------
