@@ -36,6 +36,8 @@ import torch.nn.functional as F
 BLOCK = 32  # input features per block (the activations' quantization block too)
 SUPERBLOCK = 64  # two blocks: the unit of the 4-bit code layout and of row padding
 GGML_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # bytes per 32 elements in a GGUF file
+Q4_K_BYTES, Q4_K_ELEMENTS = 144, 256  # a Q4_K superblock: d, dmin (f16), 12 bytes of scales, 128 of nibbles
+GGML_KINDS = (*GGML_BLOCK_BYTES, "Q4_K")  # the GGUF block types loaded without dequantizing
 
 
 @dataclass(frozen=True)
@@ -206,10 +208,12 @@ def from_ggml_blocks(raw: torch.Tensor, kind: str, in_features: int) -> Quantize
     dequantizing: the scales are copied bit for bit, the codes only rearranged.
 
     ``kind``: "Q4_0" (d f16, 16 bytes of nibbles: element j low, j + 16 high), "Q4_1" (d, m,
-    nibbles) or "Q8_0" (d, 32 int8).
+    nibbles), "Q8_0" (d, 32 int8) or "Q4_K" (``_from_q4_k``: its block scales are rounded).
     """
-    if kind not in GGML_BLOCK_BYTES:
-        raise ValueError(f"unsupported GGUF block type {kind!r} (supported: {sorted(GGML_BLOCK_BYTES)})")
+    if kind not in GGML_KINDS:
+        raise ValueError(f"unsupported GGUF block type {kind!r} (supported: {sorted(GGML_KINDS)})")
+    if kind == "Q4_K":
+        return _from_q4_k(raw, in_features)
     if in_features % BLOCK:
         raise ValueError(f"a {kind} row holds whole blocks of {BLOCK}, got {in_features} features")
     n, nb = raw.shape[0], in_features // BLOCK
@@ -229,6 +233,27 @@ def from_ggml_blocks(raw: torch.Tensor, kind: str, in_features: int) -> Quantize
     codes = F.pad(codes, (0, kp - in_features))
     d, m = F.pad(d, (0, pad_blocks)), F.pad(m, (0, pad_blocks))  # padded blocks: d = m = 0
     return QuantizedWeight(_pack_codes(codes, bits), d.contiguous(), m.contiguous(), bits, 1, in_features)
+
+
+def _from_q4_k(raw: torch.Tensor, in_features: int) -> QuantizedWeight:
+    """Q4_K superblocks of 256 as 4-bit groups of 32: sub-block j of a superblock has
+    w = d * sc_j * q - dmin * m_j (6-bit sc_j, m_j packed in 12 bytes, as ggml's
+    get_scale_min_k4 reads them). Its nibbles are already in our order (each 64 elements:
+    byte i holds element i low, element 32 + i high), so the codes are copied; a block's
+    d * sc_j and -dmin * m_j, exact in fp32, are rounded to our fp16 (relative 2^-11)."""
+    if in_features % Q4_K_ELEMENTS:
+        raise ValueError(f"a Q4_K row holds whole superblocks of {Q4_K_ELEMENTS}, got {in_features} features")
+    n, ns = raw.shape[0], in_features // Q4_K_ELEMENTS
+    blocks = raw.reshape(n, ns, Q4_K_BYTES)
+    d = blocks[:, :, 0:2].contiguous().view(torch.float16).float()  # [n, ns, 1]
+    dmin = blocks[:, :, 2:4].contiguous().view(torch.float16).float()
+    q = blocks[:, :, 4:16].to(torch.int32)
+    sc = torch.cat([q[:, :, 0:4] & 63, (q[:, :, 8:12] & 0xF) | ((q[:, :, 0:4] >> 6) << 4)], dim=2)
+    mn = torch.cat([q[:, :, 4:8] & 63, (q[:, :, 8:12] >> 4) | ((q[:, :, 4:8] >> 6) << 4)], dim=2)
+    scales = (d * sc.float()).half().view(n, ns * 8)
+    offsets = (-(dmin * mn.float())).half().view(n, ns * 8)
+    codes = blocks[:, :, 16:].contiguous().view(n, ns * 128)
+    return QuantizedWeight(codes, scales, offsets, 4, 1, in_features)
 
 
 # ---- the matmul ----------------------------------------------------------------------------

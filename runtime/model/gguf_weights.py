@@ -6,7 +6,8 @@ llama.cpp stores a Llama model's q and k projections with the rows of each head
 interleaved for its rotary layout; undoing that is a row permutation, which moves whole
 quantized rows. Tensors in other types (F32/F16 norms, or a linear in a K-quant we have
 no kernel for) are dequantized with the ``gguf`` package; such a linear is then quantized
-to int8 per channel, and the log says so.
+to int8 per channel, and the log says so. Q4_K blocks load as 4-bit groups of 32 (their scales
+rounded to fp16: ``kernels.reference.quant._from_q4_k``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 
 from kernels import QuantizedWeight
 from kernels.reference.quant import (
-    GGML_BLOCK_BYTES,
+    GGML_KINDS,
     cat_rows,
     dequantize,
     from_ggml_blocks,
@@ -71,7 +72,7 @@ class GGUFTensors:
         t = self._get(name)
         kind = t.tensor_type.name
         in_features = int(t.shape[0])  # GGUF lists dims innermost first
-        if kind in GGML_BLOCK_BYTES:
+        if kind in GGML_KINDS:
             raw = torch.from_numpy(np.array(t.data)).view(torch.uint8)  # a copy, as above
             return from_ggml_blocks(raw.reshape(int(t.shape[1]), -1), kind, in_features)
         log.info("GGUF tensor %s is %s: no kernel for it, quantizing to int8 per channel", name, kind)

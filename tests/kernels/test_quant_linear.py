@@ -208,6 +208,37 @@ def test_ggml_blocks_load_bit_for_bit(kind: str, k: int) -> None:
     torch.testing.assert_close(Q.dequantize(ours), want, atol=0, rtol=0)
 
 
+def _q4_k_blocks(n: int, k: int, seed: int) -> np.ndarray:
+    """Random Q4_K superblocks (every scale, min and nibble byte random; d, dmin ordinary)."""
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, (n, k // 256, 144), dtype=np.uint8)
+    raw[:, :, 0:2] = rng.uniform(1e-4, 2e-2, (n, k // 256)).astype(np.float16).view(np.uint8).reshape(n, -1, 2)
+    raw[:, :, 2:4] = rng.uniform(1e-4, 2e-2, (n, k // 256)).astype(np.float16).view(np.uint8).reshape(n, -1, 2)
+    return raw.reshape(n, -1)
+
+
+@pytest.mark.parametrize("k", [256, 768])
+def test_q4_k_blocks_load_as_4_bit_groups(kernel: CpuQuantLinear, k: int) -> None:
+    """Q4_K (superblocks of 256 with 6-bit sub-block scales and mins) as our 4-bit groups
+    of 32: within the fp16 rounding of the block scales of gguf's own dequantizer, and the
+    kernel matches the reference on it."""
+    raw = _q4_k_blocks(20, k, seed=17)
+    want = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_K).astype(np.float32))
+    ours = Q.from_ggml_blocks(torch.from_numpy(raw), "Q4_K", k)
+    assert (ours.bits, ours.blocks_per_group, ours.scales.shape) == (4, 1, (20, k // 32))
+    # d * sc_j and dmin * m_j rounded to fp16 (at most 2^-11 of each): per block of 32, the
+    # error is bounded by 2^-11 (15 |scale| + |offset|), and is not zero (they were rounded)
+    bound = ((15 * ours.scales.float().abs() + ours.offsets.float().abs()) * 2.0**-11).repeat_interleave(32, dim=1)
+    err = (Q.dequantize(ours) - want).abs()
+    assert (err <= bound * 1.001 + 1e-7).all() and err.max() > 0
+    assert (err <= want.abs() * 1e-2 + 2e-3).all()
+    x = _randn(5, k, seed=18)
+    torch.testing.assert_close(kernel(x, ours), Q.quantized_linear(Q.quantize_activations(x), ours),
+                               atol=2e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="superblocks of 256"):
+        Q.from_ggml_blocks(torch.from_numpy(raw[:, :72]), "Q4_K", 128)
+
+
 def test_ggml_blocks_refuse_unknown_types_and_partial_blocks() -> None:
     with pytest.raises(ValueError, match="unsupported GGUF block type"):
         Q.from_ggml_blocks(torch.zeros(1, 18, dtype=torch.uint8), "Q5_K", 32)
