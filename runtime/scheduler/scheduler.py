@@ -45,7 +45,7 @@ from runtime.cache.page_pool import PagePool
 from runtime.cache.prefix_cache import EMPTY_MATCH, PrefixCache, PrefixMatch
 from runtime.request import Request, RequestStatus
 from runtime.scheduler.batch import PrefillItem, ScheduledBatch, VerifyItem
-from runtime.scheduler.policy import SchedulePolicy
+from runtime.scheduler.policy import LPM_MAX_WAITING, SchedulePolicy
 from runtime.scheduler.stats import SchedulerStats
 
 # A waiting request sharing at least this many uncached tokens with one admitted in the
@@ -266,9 +266,12 @@ class Scheduler:
             r.admitted_once = True
         r.status = RequestStatus.RUNNING
         self.waiting.remove(r)
-        for w in self.waiting:
-            if w.arrival < r.arrival:
-                w.num_overtaken += 1
+        # NOTE: only LPM reads the count (its aging), and only while it orders the queue: a
+        # longer one is first come, first served and is not walked per admission.
+        if len(self.waiting) <= LPM_MAX_WAITING:
+            for w in self.waiting:
+                if w.arrival < r.arrival:
+                    w.num_overtaken += 1
         self.running.append(r)
         self._admitted_at[id(r)] = next(self._admission)
 
