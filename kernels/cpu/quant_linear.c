@@ -238,7 +238,8 @@ static inline __attribute__((always_inline)) void dot_block(
             const __m512i xv = _mm512_loadu_si512((const void *)(xq + j * kp + sb * 64));
             const __m512 dv = _mm512_loadu_ps(dxe + (j * nsb + sb) * 16);
             for (int i = 0; i < NW; i++) {
-                const __m512 iv = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[i], xv));
+                const __m512 iv =
+                    _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[i], xv));
                 acc[i][j] = _mm512_fmadd_ps(iv, ROW_SCALE ? dv : _mm512_mul_ps(wdp[i], dv), acc[i][j]);
             }
         }
@@ -605,7 +606,8 @@ int arbor_quant_linear(const float *x, int64_t rows, int64_t k_len, const uint8_
 
 /* The dequantized value of element i of block b of one weight row, d * code + m: a
  * product, then a sum, never contracted into one fma (the reference's bits). */
-static inline __attribute__((optimize("fp-contract=off"))) float dequantized(const uint8_t *w, int bits, int64_t b, int i, float dv, float mv) {
+static inline __attribute__((optimize("fp-contract=off"))) float dequantized(
+    const uint8_t *w, int bits, int64_t b, int i, float dv, float mv) {
     if (bits == 4) return dv * (float)((w[(b / 2) * 32 + i] >> ((b & 1) ? 4 : 0)) & 0x0f) + mv;
     return dv * (float)w[b * BLOCK + i] + mv;
 }
