@@ -20,7 +20,7 @@ from runtime.server import ServerLimits, create_app
 
 CLIENT = Path(__file__).parent / "load_client.py"
 NUM_REQUESTS = 200
-DEADLINE_S = 240.0  # the burst takes 15-30 s on two shared cores; refused attempts retry until then
+DEADLINE_S = 240.0  # the burst took 11-12 s on a 2-core Zen 5; refused attempts retry until then
 
 
 @pytest.mark.slow
