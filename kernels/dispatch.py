@@ -86,6 +86,11 @@ def _native(t: torch.Tensor) -> CpuKernels | None:
     return _cpu if _cpu is not None and get_kernel_backend(t.device) == "cpu" else None
 
 
+def _cpu_in_use() -> CpuKernels | None:
+    """The C kernels when they are built and the backend lets the CPU use them."""
+    return _cpu if _cpu is not None and _backend in ("auto", "cpu") else None
+
+
 def _native_elementwise(t: torch.Tensor) -> CpuElementwise | None:
     native = _native(t)
     return native.elementwise if native is not None else None
@@ -271,7 +276,7 @@ def quant_kernel_max_rows(weight: QuantizedWeight) -> int | None:
     every batch, or no C kernel in use); larger batches multiply the dequantized weight
     (``quantized_linear``). The fused decode step, which has only the kernel, takes
     batches up to this size, so both paths compute the same bits."""
-    native = _cpu if _cpu is not None and _backend in ("auto", "cpu") else None
+    native = _cpu_in_use()
     return None if native is None else _kernel_max_rows(native.quant_linear, weight)
 
 
@@ -317,6 +322,7 @@ def bind_decode_step(weights: DecodeModelWeights, pool: DecodePool) -> BoundDeco
         UnsupportedDecodeModel: the native CPU kernels are not built or not in use
             (``set_kernel_backend``), or the model / pool is not one the step takes.
     """
-    if _cpu is None or _backend not in ("auto", "cpu"):
+    native = _cpu_in_use()
+    if native is None:
         raise UnsupportedDecodeModel("the native CPU kernels are not in use")
-    return _cpu.decode_step.bind(weights, pool)
+    return native.decode_step.bind(weights, pool)

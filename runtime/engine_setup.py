@@ -280,8 +280,5 @@ def _own_storage(model: torch.nn.Module) -> None:
     are views into the mmapped safetensors file, and while one lives the whole file's pages
     stay mapped: an int8 engine of the default model kept 513 MiB of the fp32 file resident
     beside its 131 MiB of weights (measured in /proc/self/smaps)."""
-    for module in model.modules():
-        for param in module.parameters(recurse=False):
-            param.data = param.data.clone()
-        for name, buf in module.named_buffers(recurse=False):
-            module._buffers[name] = buf.clone()
+    for param in model.parameters():  # NOTE: the buffers (rope tables) are computed, not read
+        param.data = param.data.clone()

@@ -604,14 +604,6 @@ int arbor_quant_linear(const float *x, int64_t rows, int64_t k_len, const uint8_
     return 0;
 }
 
-/* The dequantized value of element i of block b of one weight row, d * code + m: a
- * product, then a sum, never contracted into one fma (the reference's bits). */
-static inline __attribute__((optimize("fp-contract=off"))) float dequantized(
-    const uint8_t *w, int bits, int64_t b, int i, float dv, float mv) {
-    if (bits == 4) return dv * (float)((w[(b / 2) * 32 + i] >> ((b & 1) ? 4 : 0)) & 0x0f) + mv;
-    return dv * (float)w[b * BLOCK + i] + mv;
-}
-
 /* fp32 -> bf16 bits, rounded to nearest even (torch's conversion; the values are finite). */
 static inline uint16_t to_bf16(float f) {
     uint32_t bits;
@@ -654,13 +646,20 @@ __attribute__((optimize("fp-contract=off"))) void arbor_dequantize(
                 continue;
             }
 #endif
-            if (bf16) {
-                uint16_t v[BLOCK];
-                for (int i = 0; i < BLOCK; i++) v[i] = to_bf16(dequantized(w, bits, b, i, dv, mv));
-                memcpy((uint16_t *)out + n * k_len + b * BLOCK, v, (size_t)len * sizeof(uint16_t));
+            float v[BLOCK];
+            if (bits == 4) {
+                const uint8_t *wb = w + (b / 2) * 32;
+                const int shift = (b & 1) ? 4 : 0;
+                for (int i = 0; i < BLOCK; i++) v[i] = dv * (float)((wb[i] >> shift) & 0x0f) + mv;
             } else {
-                float v[BLOCK];
-                for (int i = 0; i < BLOCK; i++) v[i] = dequantized(w, bits, b, i, dv, mv);
+                const uint8_t *wb = w + b * BLOCK;
+                for (int i = 0; i < BLOCK; i++) v[i] = dv * (float)wb[i] + mv;
+            }
+            if (bf16) {
+                uint16_t h[BLOCK];
+                for (int i = 0; i < BLOCK; i++) h[i] = to_bf16(v[i]);
+                memcpy((uint16_t *)out + n * k_len + b * BLOCK, h, (size_t)len * sizeof(uint16_t));
+            } else {
                 memcpy((float *)out + n * k_len + b * BLOCK, v, (size_t)len * sizeof(float));
             }
         }
