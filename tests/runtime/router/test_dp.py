@@ -112,15 +112,13 @@ def test_a_client_leaving_frees_the_workers_requests(dp: dict[str, Any]) -> None
     started = time.monotonic()
     assert httpx.post(f"{url}/generate", timeout=60, json={"text": "Warm up:", "sampling_params": long}
                       ).status_code == 200
-    # what a request left running would take; freed within half of it proves the abort (a
-    # third, ~1.1 s on a fast machine, was missed by 0.17 s once under a full suite's load)
-    whole = time.monotonic() - started
+    whole = time.monotonic() - started  # what a request left running would take
     print(f"a whole {long['max_new_tokens']}-token generation: {whole:.2f} s")
     with httpx.stream("POST", f"{url}/generate", timeout=60, json={
             "text": "Tell a long story:", "stream": True, "sampling_params": long}) as s:
         lines = s.iter_lines()
         assert next(lines).startswith("data: ")
-    wait_until_idle(dp["workers"], within=whole / 2)
+    wait_until_idle(dp["workers"], within=whole / 3)
     # A whole answer: the client hangs up while the worker generates.
     body = json.dumps({"text": "Tell another story:", "sampling_params": long}).encode()
     port = int(url.rsplit(":", 1)[1])
@@ -131,7 +129,7 @@ def test_a_client_leaving_frees_the_workers_requests(dp: dict[str, Any]) -> None
         while not any(running(w) for w in dp["workers"]):
             assert time.monotonic() < deadline, "the request never started"
             time.sleep(0.02)
-    wait_until_idle(dp["workers"], within=whole / 2)
+    wait_until_idle(dp["workers"], within=whole / 3)
 
 
 def running(worker: str) -> int:
