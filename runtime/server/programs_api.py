@@ -110,7 +110,8 @@ class _Run:
     async def result(self) -> ProgramResult:
         started = time.monotonic()
         try:
-            outcome = await asyncio.wait_for(self._outcome(), self.timeout)
+            async with asyncio.timeout(self.timeout):  # NOTE: not wait_for (serving._next)
+                outcome = await self._outcome()
         except TimeoutError:
             message = f"program {self.program.name} timed out after {self.timeout} s"
             self._record(started, "timeout", message)

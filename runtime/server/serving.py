@@ -181,6 +181,7 @@ class EngineStream:
         self.request_id = new_id("arbor")
         self.timer = TokenTimer(ctx.metrics, ctx.metrics.labels(endpoint, len(input_ids), caller.tenant))
         self.started = time.monotonic()
+        self.timeout_s = timeout_s
         self.deadline = None if timeout_s is None else self.started + timeout_s
         self.queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self.last_token_at: float | None = None
@@ -220,13 +221,16 @@ class EngineStream:
             yield out
 
     async def _next(self) -> RequestOutput:
-        if self.deadline is None:
-            return await self.queue.get()
+        # NOTE: asyncio.timeout, never asyncio.wait_for: on Python 3.11 wait_for swallows a
+        # cancellation that lands in the loop turn where the queue hands over an output (it
+        # returns the output instead), and the token stream kept the cancelled task running:
+        # a client that hung up on a non-streamed /generate was then served to the end.
+        left = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
         try:
-            return await asyncio.wait_for(self.queue.get(), max(0.0, self.deadline - time.monotonic()))
+            async with asyncio.timeout(left):
+                return await self.queue.get()
         except TimeoutError:
-            raise RequestTimeoutError(
-                f"request timed out after {self.deadline - self.started:.3g} s") from None
+            raise RequestTimeoutError(f"request timed out after {self.timeout_s:.3g} s") from None
 
     def _observe(self, out: RequestOutput) -> None:
         num_new = len(out.delta_token_ids)

@@ -3,6 +3,7 @@ its KV pages are back in the pool within a second."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -15,7 +16,11 @@ import httpx
 import pytest
 from server_helpers import auth, engine_metric
 
+from runtime.outputs import RequestOutput
+from runtime.sampling_params import SamplingParams
 from runtime.scheduler.batch import ScheduledBatch
+from runtime.server.serving import StreamGroup, collect, encode_prompt
+from runtime.server.tenants import Caller
 
 # Speculation off: a random-weight model loops, and prompt-lookup drafts would finish the
 # "long" generation before the client gets to leave.
@@ -136,6 +141,41 @@ def test_dropped_blocking_request_frees_its_pages(
     gate.release()
     took = seconds_until_idle(idle_engine, idle)
     assert took < 1.0, f"idle again after {took:.2f} s"
+
+
+class LeavesAsAnOutputArrives(asyncio.Queue[RequestOutput]):
+    """An ``EngineStream`` queue that cancels its reader in the very loop turn an output is
+    handed over: a client hanging up just as a token arrives, made certain."""
+
+    reader: asyncio.Future[RequestOutput] | None = None
+
+    def put_nowait(self, item: RequestOutput) -> None:
+        super().put_nowait(item)
+        if self.reader is not None:
+            self.reader.cancel()
+            self.reader = None
+
+
+def test_a_client_leaving_as_a_token_arrives_still_aborts(
+        server: Any, idle_engine: Any, gate: ForwardGate) -> None:
+    # NOTE: asyncio.wait_for (Python 3.11) swallowed this cancellation and the request ran
+    # to its end: the DP router test's "never aborted" hang-ups, 7 of 24 in a probe.
+    ctx = server.server.config.app.state.ctx
+    idle = engine_metric(idle_engine, "kv_pages_used")
+    params = SamplingParams(**LONG)
+    group = StreamGroup(ctx, "generate", [(encode_prompt(idle_engine, PROMPT), params)], 30.0, Caller())
+    queue = group.streams[0].queue = LeavesAsAnOutputArrives()
+
+    async def leave() -> int:
+        async with group as [stream]:
+            queue.reader = reader = asyncio.ensure_future(collect(stream))
+            with pytest.raises(asyncio.CancelledError):
+                await reader
+            return stream.num_generated
+
+    generated = asyncio.run(leave())
+    assert generated < params.max_new_tokens
+    assert seconds_until_idle(idle_engine, idle) < 1.0
 
 
 def test_request_timeout_is_a_504_and_frees_pages(http: Any, idle_engine: Any) -> None:
