@@ -34,7 +34,7 @@ from runtime.model.loader import (
     resolve_model_dir,
 )
 from runtime.model.parallel import ShardPlan, add_collectives, shard_model
-from runtime.model.quant import move_quantized, quantize_model
+from runtime.model.quant import move_quantized, prepare_quantized, quantize_model
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -240,6 +240,7 @@ def load_engine_model(requested: EngineConfig, rank: int = 0) -> LoadedModel:
         add_collectives(model, plan)
     if device.type == "cpu":
         enable_cpu_kernels()
+        prepare_quantized(model)
         return_freed_heap()
     return LoadedModel(cfg, device, dtype, kv_dtype, model_dir, tokenizer, hf_config, model, num_pages, max_model_len,
                        weights)

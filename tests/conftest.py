@@ -55,16 +55,27 @@ def _save_tiny_model(config: Any, model_cls: Any, out: Path) -> Path:
     return out
 
 
-@pytest.fixture(scope="session")
-def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An HF-style directory: 2-layer Llama (hidden 64, GQA 4/2 heads), random weights."""
+def _tiny_llama(out: Path, intermediate_size: int) -> Path:
+    """A 2-layer Llama (hidden 64, GQA 4/2 heads) with random weights, saved to ``out``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128,
+    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=intermediate_size,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=1024, tie_word_embeddings=False,
                          bos_token_id=1, eos_token_id=2)
-    return _save_tiny_model(config, LlamaForCausalLM, tmp_path_factory.mktemp("tiny_llama"))
+    return _save_tiny_model(config, LlamaForCausalLM, out)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An HF-style directory: 2-layer Llama (hidden 64, GQA 4/2 heads), random weights."""
+    return _tiny_llama(tmp_path_factory.mktemp("tiny_llama"), intermediate_size=128)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_mlp40_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``tiny_llama_dir`` with an intermediate size of 40, off the 16-row tile grid."""
+    return _tiny_llama(tmp_path_factory.mktemp("tiny_llama_mlp40"), intermediate_size=40)
 
 
 @pytest.fixture(scope="session")

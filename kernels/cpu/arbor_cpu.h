@@ -20,7 +20,8 @@
 
 /* ---- quant_linear.c: block-quantized weights (kernels/reference/quant.py) ---------------- */
 
-/* One weight, as QuantizedWeight holds it: w[n, k] = d[n, g] * code[n, k] + m[n, g]. */
+/* One weight, as QuantizedWeight holds it: w[n, k] = d[n, g] * code[n, k] + m[n, g], in
+ * rows or in tiles of 16 rows (quant_linear.c, "Tiles of 16 rows"). */
 typedef struct {
     const uint8_t *codes;  /* [n_out, kp / 2] (4 bits) or [n_out, kp] (8 bits) */
     const uint16_t *d;     /* [n_out, num_groups] fp16 bits */
@@ -28,6 +29,7 @@ typedef struct {
     const float *bias;     /* [n_out] or NULL */
     int64_t n_out, k_len, kp, num_groups;
     int32_t group_shift, bits; /* g = (k / 32) >> group_shift; bits 4 or 8 */
+    int32_t tiled;             /* codes, d and m in tiles of 16 rows (AVX-512 VNNI builds only) */
 } ArborQWeight;
 
 /* Activation rows quantized to int8 per block of 32 for weights of padded width kp. */

@@ -53,7 +53,8 @@
 #include "arbor_cpu.h"
 #include "fastmath.h"
 
-#define TILE 16 /* weight rows per work item of a matmul */
+#define TILE 16      /* weight rows per work item of a matmul (a tile of the tiled layout) */
+#define MLP_CHUNK 64 /* gate (and up) rows per call: the tiled kernel's 4 tiles at a time */
 #define SPINS_BEFORE_YIELD 4096
 
 /* A sense-reversing barrier shared by the team of one step. */
@@ -118,7 +119,7 @@ static Layout layout_for(const ArborDecodeModel *m, int64_t batch, int64_t max_l
     l.chunks = arbor_attn_chunks(max_len);
     l.qkv_width = hq_d + 2 * m->num_kv_heads * m->head_dim;
     const int64_t row = m->hidden > hq_d ? m->hidden : hq_d;
-    l.tmp_floats = row + 2 * batch * TILE;
+    l.tmp_floats = row + 2 * batch * MLP_CHUNK;
     size_t at = 0;
 #define PLACE(FIELD, BYTES) l.FIELD = at, at += align64(BYTES)
     PLACE(qkv, 4 * (size_t)(batch * l.qkv_width));
@@ -140,15 +141,14 @@ int64_t arbor_decode_scratch_bytes(const ArborDecodeModel *m, int64_t batch, int
     return (int64_t)layout_for(m, batch, max_len, num_threads).total;
 }
 
-/* Output rows [0, n_out) of w, TILE-row tiles shared over the team; y row stride ldy. */
+/* Output rows [0, n_out) of w, TILE-row tiles shared over the team (one contiguous run,
+ * in one call, per thread); y row stride ldy. */
 static void matmul(Team *team, const ArborQWeight *w, const ArborQAct *a, float *y, int64_t ldy,
                    int accumulate) {
     int64_t lo, hi;
     share(team, (w->n_out + TILE - 1) / TILE, &lo, &hi);
-    for (int64_t t = lo; t < hi; t++) {
-        const int64_t n0 = t * TILE, n1 = n0 + TILE < w->n_out ? n0 + TILE : w->n_out;
-        arbor_qmatmul_range(w, a, n0, n1, y + n0, ldy, accumulate);
-    }
+    const int64_t n0 = lo * TILE, n1 = hi * TILE < w->n_out ? hi * TILE : w->n_out;
+    if (n0 < n1) arbor_qmatmul_range(w, a, n0, n1, y + n0, ldy, accumulate);
     team_sync(team);
 }
 
@@ -244,16 +244,18 @@ static int layer_step(Team *team, const ArborDecodeModel *m, const ArborDecodeLa
     const int bad = attention(team, m, layer, l, scratch, in, act_o);
     matmul(team, &layer->o, act_o, h, m->hidden, 1);
     norm_quantize(team, m, h, layer->post_norm, act_h, batch, tmp);
-    /* gate rows [n0, n1) and their up rows [inter + n0, inter + n1) in one work item */
-    float *gate = tmp + (l->tmp_floats - 2 * batch * TILE), *up = gate + batch * TILE;
+    /* gate rows [n0, n1) and their up rows [inter + n0, inter + n1), MLP_CHUNK rows at a
+     * time, over this thread's TILE-row tiles */
+    float *gate = tmp + (l->tmp_floats - 2 * batch * MLP_CHUNK), *up = gate + batch * MLP_CHUNK;
     int64_t lo, hi;
     share(team, (inter + TILE - 1) / TILE, &lo, &hi);
-    for (int64_t t = lo; t < hi; t++) {
-        const int64_t n0 = t * TILE, n1 = n0 + TILE < inter ? n0 + TILE : inter;
-        arbor_qmatmul_range(&layer->gate_up, act_h, n0, n1, gate, TILE, 0);
-        arbor_qmatmul_range(&layer->gate_up, act_h, inter + n0, inter + n1, up, TILE, 0);
+    const int64_t end = hi * TILE < inter ? hi * TILE : inter;
+    for (int64_t n0 = lo * TILE; n0 < end; n0 += MLP_CHUNK) {
+        const int64_t n1 = n0 + MLP_CHUNK < end ? n0 + MLP_CHUNK : end;
+        arbor_qmatmul_range(&layer->gate_up, act_h, n0, n1, gate, MLP_CHUNK, 0);
+        arbor_qmatmul_range(&layer->gate_up, act_h, inter + n0, inter + n1, up, MLP_CHUNK, 0);
         for (int64_t b = 0; b < batch; b++)
-            arbor_silu_mul_row(gate + b * TILE, up + b * TILE, mlp + b * inter + n0, n1 - n0);
+            arbor_silu_mul_row(gate + b * MLP_CHUNK, up + b * MLP_CHUNK, mlp + b * inter + n0, n1 - n0);
     }
     team_sync(team);
     share(team, batch, &lo, &hi);

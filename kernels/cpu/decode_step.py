@@ -25,7 +25,8 @@ _SOURCES = ("quant_linear", "decode_attention", "store_kv", "elementwise")
 
 class _QWeight(ctypes.Structure):  # ArborQWeight
     _fields_ = [("codes", _P), ("d", _P), ("m", _P), ("bias", _P), ("n_out", _I), ("k_len", _I),
-                ("kp", _I), ("num_groups", _I), ("group_shift", ctypes.c_int32), ("bits", ctypes.c_int32)]
+                ("kp", _I), ("num_groups", _I), ("group_shift", ctypes.c_int32), ("bits", ctypes.c_int32),
+                ("tiled", ctypes.c_int32)]
 
 
 class _Layer(ctypes.Structure):  # ArborDecodeLayer
@@ -93,9 +94,14 @@ class CpuDecodeStep:
         self._step.restype = ctypes.c_int
         self._scratch = lib.arbor_decode_scratch_bytes
         self._scratch.argtypes, self._scratch.restype = [ctypes.POINTER(_Model), _I, _I, _N], _I
+        lib.arbor_quant_tiles.restype = ctypes.c_int
+        self.tiles = bool(lib.arbor_quant_tiles())  # reads tiled weights (quant_linear.py)
 
     def bind(self, weights: DecodeModelWeights, pool: DecodePool) -> BoundDecodeStep:
         """Raises ``UnsupportedDecodeModel`` naming what does not fit."""
+        every = [w for layer in weights.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        if not self.tiles and any(w.tiled for w in [*every, weights.lm_head]):
+            raise UnsupportedDecodeModel("tiled weights need the AVX-512 VNNI build of the kernels")
         return BoundDecodeStep(self._step, self._scratch, weights, pool)
 
 
@@ -115,7 +121,7 @@ def _qweight(w: QuantizedWeight, rows: int, cols: int, name: str, bias: torch.Te
         _cpu(bias, torch.float32, f"{name} bias")
     return _QWeight(w.codes.data_ptr(), w.scales.data_ptr(), w.offsets.data_ptr(),
                     0 if bias is None else bias.data_ptr(), w.out_features, w.in_features,
-                    w.padded_features, w.num_groups, w.group_shift, w.bits)
+                    w.padded_features, w.num_groups, w.group_shift, w.bits, int(w.tiled))
 
 
 class BoundDecodeStep:

@@ -10,6 +10,10 @@
  *                  element i in its low nibble and element 32 + i in its high nibble
  *   codes, 8 bits: [N, Kp] bytes (unsigned; Q8_0's signed q is stored as q + 128, m = -128 d)
  *   Kp = K rounded up to a multiple of 64; padded columns have code 0 and meet x = 0.
+ *   tiled (AVX-512 VNNI only; N a multiple of 16): rows in tiles of 16, and within a tile
+ *                  one 64-byte chunk = 4 consecutive inputs of each of the 16 rows (8 bits;
+ *                  4 bits: per block, chunk c holds inputs 4c..4c+3 low, 16+4c.. high), scales
+ *                  and offsets [G][16] per tile: see "Tiles of 16 rows" below
  * Activations: xq[m, k] = round(x[m, k] / dx[m, b]), dx = max |x| / 127 over block b, so
  *   sum_k w x ~= sum_b dx_b (d_g isum_b + m_g xsum_b),
  *   isum_b = sum_{k in b} code * xq,  xsum_b = sum_{k in b} xq.
@@ -19,6 +23,7 @@
  * and ARBOR_QUANT_SCALAR force the lower paths (the tests compare all three).
  */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +43,8 @@
 
 #define BLOCK 32
 #define MIN_MACS_PER_THREAD (1 << 18)
+
+int arbor_quant_tiles(void);
 
 static int threads_for(int64_t work, int num_threads) {
     const int64_t useful = work / MIN_MACS_PER_THREAD;
@@ -259,6 +266,156 @@ static inline __attribute__((always_inline)) void dot_block(
 }
 #endif
 
+#if defined(QPATH_AVX512)
+/* ---- Tiles of 16 rows -------------------------------------------------------------------
+ * The row layout above leaves vpdpbusd's 16 lanes holding parts of one output, summed
+ * horizontally at the end, and pays a convert and a multiply-add per 64 products. In the
+ * tiled layout (kernels/reference/quant.py, "Tiled layout") one 64-byte chunk holds 4
+ * consecutive inputs of each of a tile's 16 rows, so vpdpbusd against those 4 inputs of one
+ * activation row, broadcast, adds into the tile's 16 outputs at once: a block of 32 inputs
+ * is 8 vpdpbusd into integer sums, then one convert and one multiply-add by the block's
+ * scales per (tile, activation row). NT tiles (<= TILE_GROUP) meet JN (<= 2) activation rows
+ * at a time: each chunk is loaded once for JN rows, each broadcast used by NT tiles.
+ *
+ *   tile t, 8 bits:  chunk (b * 8 + c) = rows 16t..16t+15 x inputs 32b + 4c .. 32b + 4c + 3
+ *   tile t, 4 bits:  chunk (b * 4 + c), c < 4: low nibbles inputs 32b + 4c + q, high nibbles
+ *                    inputs 32b + 16 + 4c + q (q = byte in the row's 4)
+ *   scales of tile t: d[16t * G + g * 16 + r] (fp16), offsets likewise
+ *
+ * Each output lane's arithmetic is the same whatever NT and JN are, so any split of the
+ * rows over calls or threads computes the same bits (the fused step relies on it). */
+enum { TILE_GROUP = 4, TILE_JN = 2 };
+
+static inline __attribute__((always_inline)) void tile_block(
+    const uint8_t *codes, int64_t tile_bytes, const uint16_t *d, const uint16_t *mo, int64_t tile_scales,
+    int group_shift, int64_t nb, const int8_t *xq, int64_t kp, const float *dx, const float *xs,
+    const int NT, const int JN, const int BITS, const int ROW_SCALE, __m512 acc[TILE_GROUP][TILE_JN]) {
+    for (int i = 0; i < NT; i++)
+        for (int j = 0; j < JN; j++) acc[i][j] = _mm512_setzero_ps();
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    for (int64_t b = 0; b < nb; b++) {
+        __m512i isum[TILE_GROUP][TILE_JN];
+        for (int i = 0; i < NT; i++)
+            for (int j = 0; j < JN; j++) isum[i][j] = _mm512_setzero_si512();
+        const int8_t *xb = xq + b * BLOCK;
+        if (BITS == 8) {
+            for (int c = 0; c < 8; c++) {
+                __m512i wv[TILE_GROUP];
+                for (int i = 0; i < NT; i++) wv[i] = _mm512_loadu_si512((const void *)(codes + i * tile_bytes + (b * 8 + c) * 64));
+                for (int j = 0; j < JN; j++) {
+                    int32_t x4;
+                    memcpy(&x4, xb + j * kp + 4 * c, 4);
+                    const __m512i xv = _mm512_set1_epi32(x4);
+                    for (int i = 0; i < NT; i++) isum[i][j] = _mm512_dpbusd_epi32(isum[i][j], wv[i], xv);
+                }
+            }
+        } else {
+            for (int c = 0; c < 4; c++) {
+                __m512i lo[TILE_GROUP], hi[TILE_GROUP];
+                for (int i = 0; i < NT; i++) {
+                    const __m512i v = _mm512_loadu_si512((const void *)(codes + i * tile_bytes + (b * 4 + c) * 64));
+                    lo[i] = _mm512_and_si512(v, low);
+                    hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                }
+                for (int j = 0; j < JN; j++) {
+                    int32_t xl, xh;
+                    memcpy(&xl, xb + j * kp + 4 * c, 4);
+                    memcpy(&xh, xb + j * kp + 16 + 4 * c, 4);
+                    const __m512i xlv = _mm512_set1_epi32(xl), xhv = _mm512_set1_epi32(xh);
+                    for (int i = 0; i < NT; i++) {
+                        isum[i][j] = _mm512_dpbusd_epi32(isum[i][j], lo[i], xlv);
+                        isum[i][j] = _mm512_dpbusd_epi32(isum[i][j], hi[i], xhv);
+                    }
+                }
+            }
+        }
+        if (ROW_SCALE) { /* the row's d and offset are applied once, by the caller */
+            for (int j = 0; j < JN; j++) {
+                const __m512 dv = _mm512_set1_ps(dx[j * nb + b]);
+                for (int i = 0; i < NT; i++) acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[i][j]), dv, acc[i][j]);
+            }
+        } else { /* d * dx * isum + m * dx * xsum, the block's group's d and m */
+            const int64_t g = b >> group_shift;
+            __m512 wd[TILE_GROUP], wm[TILE_GROUP];
+            for (int i = 0; i < NT; i++) {
+                wd[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + i * tile_scales + g * 16)));
+                wm[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mo + i * tile_scales + g * 16)));
+            }
+            for (int j = 0; j < JN; j++) {
+                const __m512 dv = _mm512_set1_ps(dx[j * nb + b]), sv = _mm512_set1_ps(xs[j * nb + b]);
+                for (int i = 0; i < NT; i++) {
+                    acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[i][j]), _mm512_mul_ps(wd[i], dv), acc[i][j]);
+                    acc[i][j] = _mm512_fmadd_ps(wm[i], sv, acc[i][j]);
+                }
+            }
+        }
+    }
+}
+
+/* Rows [n0, n1) of a tiled weight against every activation row (see arbor_qmatmul_range). */
+static void qmatmul_tiles(const ArborQWeight *w, const ArborQAct *a, int64_t n0, int64_t n1, float *y,
+                          int64_t ldy, int accumulate) {
+    const int64_t kp = w->kp, nb = kp / BLOCK, rows = a->rows;
+    const int64_t tile_bytes = 16 * (w->bits == 4 ? kp / 2 : kp), tile_scales = 16 * w->num_groups;
+    const int row_scale = w->num_groups == 1;
+    const int64_t t_end = (n1 + 15) / 16;
+    for (int64_t t0 = n0 / 16; t0 < t_end; t0 += TILE_GROUP) {
+        const int64_t nt = t_end - t0 < TILE_GROUP ? t_end - t0 : TILE_GROUP;
+        const uint8_t *codes = w->codes + t0 * tile_bytes;
+        const uint16_t *d = w->d + t0 * tile_scales, *mo = w->m + t0 * tile_scales;
+        for (int64_t m0 = 0; m0 < rows; m0 += TILE_JN) {
+            const int64_t jn = rows - m0 < TILE_JN ? rows - m0 : TILE_JN;
+            const int8_t *xq = a->xq + m0 * kp;
+            const float *dx = a->dx + m0 * nb, *xs = a->xs + m0 * nb;
+            __m512 acc[TILE_GROUP][TILE_JN];
+#define TB(NT, JN, BITS, RS) tile_block(codes, tile_bytes, d, mo, tile_scales, w->group_shift, nb, xq, kp, dx, xs, NT, JN, BITS, RS, acc)
+#define BY_JN(NT, BITS, RS) do { if (jn == 2) TB(NT, 2, BITS, RS); else TB(NT, 1, BITS, RS); } while (0)
+#define BY_NT(BITS, RS)                                                                            \
+    do {                                                                                           \
+        if (nt == 4) BY_JN(4, BITS, RS);                                                           \
+        else if (nt == 3) BY_JN(3, BITS, RS);                                                      \
+        else if (nt == 2) BY_JN(2, BITS, RS);                                                      \
+        else BY_JN(1, BITS, RS);                                                                   \
+    } while (0)
+            if (w->bits == 8) {
+                if (row_scale) BY_NT(8, 1);
+                else BY_NT(8, 0);
+            } else {
+                if (row_scale) BY_NT(4, 1);
+                else BY_NT(4, 0);
+            }
+#undef BY_NT
+#undef BY_JN
+#undef TB
+            for (int64_t j = 0; j < jn; j++) {
+                float xs_total = 0.0f; /* sum_b dx * xsum, for a per-row offset */
+                if (row_scale)
+                    for (int64_t b = 0; b < nb; b++) xs_total += xs[j * nb + b];
+                for (int64_t i = 0; i < nt; i++) {
+                    const int64_t t = t0 + i;
+                    __m512 v = acc[i][j];
+                    if (row_scale)
+                        v = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mo + i * tile_scales))),
+                                            _mm512_set1_ps(xs_total),
+                                            _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + i * tile_scales))), v));
+                    if (w->bias != NULL) v = _mm512_add_ps(v, _mm512_loadu_ps(w->bias + t * 16));
+                    float *out = y + (m0 + j) * ldy;
+                    if (t * 16 >= n0 && t * 16 + 16 <= n1) { /* a whole tile */
+                        float *at = out + (t * 16 - n0);
+                        _mm512_storeu_ps(at, accumulate ? _mm512_add_ps(_mm512_loadu_ps(at), v) : v);
+                    } else { /* the edge of [n0, n1) cuts the tile */
+                        float lanes[16];
+                        _mm512_storeu_ps(lanes, v);
+                        for (int64_t n = t * 16 > n0 ? t * 16 : n0; n < t * 16 + 16 && n < n1; n++)
+                            out[n - n0] = accumulate ? out[n - n0] + lanes[n - t * 16] : lanes[n - t * 16];
+                    }
+                }
+            }
+        }
+    }
+}
+#endif
+
 #if defined(QPATH_AVX2)
 static inline float hsum8(__m256 v) {
     const __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
@@ -437,6 +594,10 @@ void arbor_qmatmul_range(const ArborQWeight *w, const ArborQAct *a, int64_t n0, 
                          int64_t ldy, int accumulate) {
     const int64_t kp = w->kp, nb = kp / BLOCK, rows = a->rows, row_bytes = w->bits == 4 ? kp / 2 : kp;
 #if defined(QPATH_AVX512)
+    if (w->tiled) {
+        qmatmul_tiles(w, a, n0, n1, y, ldy, accumulate);
+        return;
+    }
     /* Tiles of up to TILE_ROWS weight rows (codes and float scales stay in L1) meet the
      * activation rows four at a time, two weight rows at a time (dot_block). */
     enum { TILE_ROWS = 16 };
@@ -579,26 +740,31 @@ void arbor_qmatmul_range(const ArborQWeight *w, const ArborQAct *a, int64_t n0, 
 #endif
 }
 
-/* y[M, N] = x[M, K] @ W^T (+ bias). Returns 0, or -1 when scratch memory ran out.
- *   codes: [N, row_bytes] (row_bytes = Kp / 2 or Kp), d, mo: [N, num_groups] fp16 bits. */
+/* y[M, N] = x[M, K] @ W^T (+ bias). Returns 0, -1 when scratch memory ran out, -2 for a
+ * tiled weight in a build without the AVX-512 VNNI path (arbor_quant_tiles() is 0).
+ *   codes: [N, row_bytes] (row_bytes = Kp / 2 or Kp), d, mo: [N, num_groups] fp16 bits, in
+ *   rows or (tiled) in tiles of 16 rows. */
 int arbor_quant_linear(const float *x, int64_t rows, int64_t k_len, const uint8_t *codes,
                        const uint16_t *d, const uint16_t *mo, int64_t n_out, int64_t kp,
-                       int64_t num_groups, int group_shift, int bits, const float *bias, float *y,
-                       int num_threads) {
-    const ArborQWeight w = {codes, d, mo, bias, n_out, k_len, kp, num_groups, group_shift, bits};
+                       int64_t num_groups, int group_shift, int bits, int tiled, const float *bias,
+                       float *y, int num_threads) {
+    if (tiled && !arbor_quant_tiles()) return -2;
+    const ArborQWeight w = {codes, d, mo, bias, n_out, k_len, kp, num_groups, group_shift, bits, tiled};
     void *mem = aligned_alloc(64, arbor_qact_bytes(rows, kp));
     if (mem == NULL) return -1;
     ArborQAct a;
     arbor_qact_init(&a, mem, rows, kp);
 #pragma omp parallel for num_threads(threads_for(rows * k_len * 16, num_threads)) schedule(static)
     for (int64_t r = 0; r < rows; r++) arbor_qact_quantize_row(&a, r, x + r * k_len, k_len);
-    /* Each thread takes a contiguous run of weight tiles; a tile of 16 weight rows meets
-     * every activation row while it is in L1 (a row is <= Kp bytes). */
-    const int64_t tile = 16, num_tiles = (n_out + tile - 1) / tile;
-#pragma omp parallel for num_threads(threads_for(rows * n_out * kp, num_threads)) schedule(static)
-    for (int64_t t = 0; t < num_tiles; t++) {
-        const int64_t n0 = t * tile, n1 = n0 + tile < n_out ? n0 + tile : n_out;
-        arbor_qmatmul_range(&w, &a, n0, n1, y + n0, n_out, 0);
+    /* Each thread takes one contiguous run of 16-row tiles, in one call (the tiled kernel
+     * takes TILE_GROUP tiles at a time); a tile meets every activation row while it is in L1. */
+    const int64_t num_tiles = (n_out + 15) / 16;
+#pragma omp parallel num_threads(threads_for(rows * n_out * kp, num_threads))
+    {
+        const int64_t size = omp_get_num_threads(), tid = omp_get_thread_num();
+        const int64_t n0 = num_tiles * tid / size * 16, n1_tiles = num_tiles * (tid + 1) / size * 16;
+        const int64_t n1 = n1_tiles < n_out ? n1_tiles : n_out;
+        if (n0 < n1) arbor_qmatmul_range(&w, &a, n0, n1, y + n0, n_out, 0);
     }
     free(mem);
     return 0;
@@ -611,20 +777,56 @@ static inline uint16_t to_bf16(float f) {
     return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
+/* Row n of a tiled weight in the row layout: its codes (row_bytes), scales and offsets
+ * (num_groups each). */
+static void untile_row(const uint8_t *codes, const uint16_t *d, const uint16_t *mo, int64_t n, int64_t kp,
+                       int64_t num_groups, int bits, uint8_t *row, uint16_t *row_d, uint16_t *row_m) {
+    const int64_t t = n / 16, r = n % 16, row_bytes = bits == 4 ? kp / 2 : kp;
+    const uint8_t *tile = codes + t * 16 * row_bytes;
+    for (int64_t g = 0; g < num_groups; g++) {
+        row_d[g] = d[t * 16 * num_groups + g * 16 + r];
+        row_m[g] = mo[t * 16 * num_groups + g * 16 + r];
+    }
+    if (bits == 8) {
+        for (int64_t c = 0; c < kp / 4; c++) memcpy(row + 4 * c, tile + c * 64 + 4 * r, 4);
+        return;
+    }
+    for (int64_t b = 0; b < kp / BLOCK; b++) { /* block b's 32 codes, then into the superblock */
+        uint8_t code[BLOCK];
+        for (int c = 0; c < 4; c++) {
+            for (int q = 0; q < 4; q++) {
+                const uint8_t byte = tile[(b * 4 + c) * 64 + 4 * r + q];
+                code[4 * c + q] = byte & 0x0f;
+                code[16 + 4 * c + q] = byte >> 4;
+            }
+        }
+        uint8_t *sb = row + (b / 2) * BLOCK; /* byte i: block 2s element i low, block 2s + 1 high */
+        for (int i = 0; i < BLOCK; i++) sb[i] = (b & 1) ? (uint8_t)(sb[i] | (code[i] << 4)) : code[i];
+    }
+}
+
 /* out[N, K] = d * code + m, the reference's dequantize bit for bit, in fp32 (bf16 = 0) or
  * rounded to bf16 (bf16 = 1: torch's float -> bfloat16 of those values). One pass over
  * the codes, rows split over threads: the large-batch paths multiply the result with
  * torch (fp32 F.linear where there is no AVX-512, oneDNN bf16 where there is AVX512_BF16). */
 __attribute__((optimize("fp-contract=off"))) void arbor_dequantize(
     const uint8_t *codes, const uint16_t *d, const uint16_t *mo, int64_t n_out, int64_t k_len,
-    int64_t kp, int64_t num_groups, int group_shift, int bits, void *out, int bf16, int num_threads) {
+    int64_t kp, int64_t num_groups, int group_shift, int bits, int tiled, void *out, int bf16,
+    int num_threads) {
     const int64_t nb = kp / BLOCK, row_bytes = bits == 4 ? kp / 2 : kp;
 #pragma omp parallel for num_threads(threads_for(n_out * kp * 4, num_threads)) schedule(static)
     for (int64_t n = 0; n < n_out; n++) {
+        uint8_t row[tiled ? row_bytes : 1];
+        uint16_t row_d[tiled ? num_groups : 1], row_m[tiled ? num_groups : 1];
         const uint8_t *w = codes + n * row_bytes;
+        const uint16_t *dn = d + n * num_groups, *mn = mo + n * num_groups;
+        if (tiled) {
+            untile_row(codes, d, mo, n, kp, num_groups, bits, row, row_d, row_m);
+            w = row, dn = row_d, mn = row_m;
+        }
         for (int64_t b = 0; b < nb && b * BLOCK < k_len; b++) {
             const int64_t g = num_groups == 1 ? 0 : b >> group_shift;
-            const float dv = half_to_float(d[n * num_groups + g]), mv = half_to_float(mo[n * num_groups + g]);
+            const float dv = half_to_float(dn[g]), mv = half_to_float(mn[g]);
             const int64_t len = k_len - b * BLOCK < BLOCK ? k_len - b * BLOCK : BLOCK;
 #if defined(QPATH_AVX512) && defined(__AVX512BF16__)
             if (bf16) { /* 32 values: codes widened, d * code, + m, rounded by vcvtne2ps2bf16 (RNE) */
@@ -670,6 +872,16 @@ __attribute__((optimize("fp-contract=off"))) void arbor_dequantize(
  * matmul the large-batch path uses (arbor_dequantize writes the bf16 weight with it). */
 int arbor_quant_has_bf16(void) {
 #if defined(QPATH_AVX512) && defined(__AVX512BF16__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* Whether this build multiplies tiled weights (the AVX-512 VNNI path); the others take
+ * the row layout only. */
+int arbor_quant_tiles(void) {
+#if defined(QPATH_AVX512)
     return 1;
 #else
     return 0;

@@ -13,7 +13,7 @@ from kernels.cpu.build import build_library
 from kernels.reference.quant import QuantizedWeight
 
 _P, _I, _N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-_ARGTYPES: list[Any] = [_P, _I, _I, _P, _P, _P, _I, _I, _I, _N, _N, _P, _P, _N]
+_ARGTYPES: list[Any] = [_P, _I, _I, _P, _P, _P, _I, _I, _I, _N, _N, _N, _P, _P, _N]
 PATHS = {2: "avx512-vnni", 1: "avx2", 0: "portable C"}
 
 
@@ -26,18 +26,23 @@ class CpuQuantLinear:
         self._fn = lib.arbor_quant_linear
         self._fn.argtypes, self._fn.restype = _ARGTYPES, ctypes.c_int
         self._dequantize = lib.arbor_dequantize
-        self._dequantize.argtypes = [_P, _P, _P, _I, _I, _I, _I, _N, _N, _P, _N, _N]
+        self._dequantize.argtypes = [_P, _P, _P, _I, _I, _I, _I, _N, _N, _N, _P, _N, _N]
         self._dequantize.restype = None
         lib.arbor_quant_path.restype = ctypes.c_int
         self.path = PATHS[lib.arbor_quant_path()]  # the instruction set this build uses
         lib.arbor_quant_has_bf16.restype = ctypes.c_int
         # AVX512_BF16 here: large batches run as a oneDNN bf16 matmul (kernels/dispatch.py)
         self.has_bf16 = bool(lib.arbor_quant_has_bf16())
+        lib.arbor_quant_tiles.restype = ctypes.c_int
+        # the AVX-512 VNNI path, which multiplies weights in the tiled layout (the faster:
+        # reference.quant.tile); the other paths take the row layout only
+        self.tiles = bool(lib.arbor_quant_tiles())
 
-    @staticmethod
-    def supports(x: torch.Tensor, weight: QuantizedWeight) -> bool:
-        """fp32 activations and weight tensors on the CPU (otherwise: the reference)."""
-        return x.device.type == "cpu" and x.dtype == torch.float32 and weight.codes.device.type == "cpu"
+    def supports(self, x: torch.Tensor, weight: QuantizedWeight) -> bool:
+        """fp32 activations and weight tensors on the CPU, in a layout this build reads
+        (otherwise: the reference)."""
+        return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.codes.device.type == "cpu"
+                and (self.tiles or not weight.tiled))
 
     def __call__(
         self, x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None
@@ -55,9 +60,11 @@ class CpuQuantLinear:
         status = self._fn(
             flat.data_ptr(), flat.shape[0], weight.in_features, weight.codes.data_ptr(),
             weight.scales.data_ptr(), weight.offsets.data_ptr(), weight.out_features,
-            weight.padded_features, weight.num_groups, weight.group_shift, weight.bits,
+            weight.padded_features, weight.num_groups, weight.group_shift, weight.bits, int(weight.tiled),
             None if b is None else b.data_ptr(), out.data_ptr(), torch.get_num_threads(),
         )
+        if status == -2:
+            raise ValueError(f"this build of the kernel ({self.path}) takes weights in the row layout only")
         if status != 0:
             raise MemoryError("quant_linear: could not allocate the quantized activations")
         return out.view(*lead, weight.out_features)
@@ -74,6 +81,7 @@ class CpuQuantLinear:
         self._dequantize(
             codes.data_ptr(), scales.data_ptr(), offsets.data_ptr(), weight.out_features,
             weight.in_features, weight.padded_features, weight.num_groups, weight.group_shift,
-            weight.bits, out.data_ptr(), int(dtype == torch.bfloat16), torch.get_num_threads(),
+            weight.bits, int(weight.tiled), out.data_ptr(), int(dtype == torch.bfloat16),
+            torch.get_num_threads(),
         )
         return out

@@ -23,6 +23,17 @@ multiple of 64 (the padded columns' scales are 0 or meet zero activations)::
                                                                    [N, Kp / 2]
 
 so a 32-byte load and one shift give two whole blocks of codes in order.
+
+Tiled layout (``tiled=True``; ``tile`` / ``untile``): what the AVX-512 VNNI kernel reads, so
+that one 64-byte load is vpdpbusd's operand for 16 rows at once. N is a multiple of 16;
+rows 16t..16t+15 form tile t, and each tensor keeps its shape, but the bytes of
+``codes[16t:16t+16]`` and the values of ``scales[16t:16t+16]`` (``offsets`` likewise) are
+the tile's, in this order::
+
+    8 bits: [Kp / 4 chunks][16 rows][4 bytes]   chunk c: inputs 4c .. 4c + 3
+    4 bits: [Kp / 32 blocks][4 chunks][16 rows][4 bytes]   byte q of chunk c of block b:
+            input 32b + 4c + q (low nibble) | input 32b + 16 + 4c + q (high nibble)
+    scales, offsets: [G][16 rows]
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ import torch.nn.functional as F
 
 BLOCK = 32  # input features per block (the activations' quantization block too)
 SUPERBLOCK = 64  # two blocks: the unit of the 4-bit code layout and of row padding
+TILE_ROWS = 16  # rows of a tile in the tiled layout
 GGML_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # bytes per 32 elements in a GGUF file
 Q4_K_BYTES, Q4_K_ELEMENTS = 144, 256  # a Q4_K superblock: d, dmin (f16), 12 bytes of scales, 128 of nibbles
 GGML_KINDS = (*GGML_BLOCK_BYTES, "Q4_K")  # the GGUF block types loaded without dequantizing
@@ -50,6 +62,7 @@ class QuantizedWeight:
     bits: int  # 4 or 8
     blocks_per_group: int | None  # a power of two; None: one group per row (per channel)
     in_features: int  # K, before padding
+    tiled: bool = False  # the tiled layout (module docstring); N a multiple of TILE_ROWS
 
     def __post_init__(self) -> None:
         if self.bits not in (4, 8):
@@ -62,6 +75,8 @@ class QuantizedWeight:
         if self.codes.dtype != torch.uint8 or tuple(self.codes.shape) != (n, row_bytes):
             raise ValueError(f"codes must be uint8 [{n}, {row_bytes}], got {self.codes.dtype} "
                              f"{tuple(self.codes.shape)}")
+        if self.tiled and n % TILE_ROWS:
+            raise ValueError(f"a tiled weight has a multiple of {TILE_ROWS} rows, got {n}")
         groups = (n, self.num_groups)
         for name, t in (("scales", self.scales), ("offsets", self.offsets)):
             if t.dtype != torch.float16 or tuple(t.shape) != groups:
@@ -95,19 +110,24 @@ class QuantizedWeight:
         return sum(t.numel() * t.element_size() for t in (self.codes, self.scales, self.offsets))
 
     def rows(self, index: torch.Tensor) -> QuantizedWeight:
-        """The weight of the rows ``index`` (a permutation, a token lookup...)."""
+        """The weight of the rows ``index`` (a permutation, a token lookup...), in the row
+        layout (a tiled weight's rows are gathered from their tiles)."""
+        if self.tiled:
+            return _tiled_rows(self, index)
         return QuantizedWeight(self.codes.index_select(0, index), self.scales.index_select(0, index),
                                self.offsets.index_select(0, index), self.bits, self.blocks_per_group,
                                self.in_features)
 
     def to(self, device: torch.device) -> QuantizedWeight:
         return QuantizedWeight(self.codes.to(device), self.scales.to(device), self.offsets.to(device),
-                               self.bits, self.blocks_per_group, self.in_features)
+                               self.bits, self.blocks_per_group, self.in_features, self.tiled)
 
 
 def cat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
     """Stack weights of one format along the output dim (the fused q/k/v, gate/up)."""
     first = parts[0]
+    if any(p.tiled for p in parts):
+        raise ValueError("concatenate weights in the row layout, then tile them")
     for p in parts[1:]:
         if (p.bits, p.blocks_per_group, p.in_features) != (first.bits, first.blocks_per_group, first.in_features):
             raise ValueError("can only concatenate quantized weights of one format and width")
@@ -142,8 +162,54 @@ def _expand_groups(t: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:  # [N, 
 
 def dequantize(w: QuantizedWeight) -> torch.Tensor:  # [N, K] float32
     """The fp32 weight the codes stand for: ``d * code + m``."""
+    w = untile(w)
     full = _expand_groups(w.scales, w) * _unpack_codes(w).float() + _expand_groups(w.offsets, w)
     return full[:, : w.in_features].contiguous()
+
+
+# ---- the tiled layout ------------------------------------------------------------------------
+def tile(w: QuantizedWeight) -> QuantizedWeight:
+    """``w`` in the tiled layout (module docstring): the same values, rearranged."""
+    if w.tiled:
+        return w
+    n, t, kp = w.out_features, w.out_features // TILE_ROWS, w.padded_features
+    if n % TILE_ROWS:
+        raise ValueError(f"only a weight of a multiple of {TILE_ROWS} rows can be tiled, got {n}")
+    if w.bits == 8:  # [t, r, chunk, q] -> [t, chunk, r, q]
+        codes = w.codes.view(t, TILE_ROWS, kp // 4, 4).transpose(1, 2)
+    else:  # codes [t, r, block, half, chunk, q] -> bytes [t, block, chunk, r, q] of (low, high)
+        c = _unpack_codes(w).view(t, TILE_ROWS, kp // BLOCK, 2, 4, 4).permute(0, 2, 4, 1, 5, 3)
+        codes = c[..., 0] | (c[..., 1] << 4)
+    return QuantizedWeight(codes.reshape(n, -1).contiguous(), _tile_groups(w.scales), _tile_groups(w.offsets),
+                           w.bits, w.blocks_per_group, w.in_features, tiled=True)
+
+
+def untile(w: QuantizedWeight) -> QuantizedWeight:
+    """``w`` in the row layout (the inverse of ``tile``)."""
+    if not w.tiled:
+        return w
+    return _tiled_rows(w, torch.arange(w.out_features, device=w.codes.device))
+
+
+def _tile_groups(t: torch.Tensor) -> torch.Tensor:  # [N, G] -> per tile [G][16]
+    n, g = t.shape
+    return t.view(n // TILE_ROWS, TILE_ROWS, g).transpose(1, 2).reshape(n, g).contiguous()
+
+
+def _tiled_rows(w: QuantizedWeight, index: torch.Tensor) -> QuantizedWeight:
+    """Rows ``index`` of a tiled weight, in the row layout."""
+    t, r = index // TILE_ROWS, index % TILE_ROWS
+    tiles, kp, groups = w.out_features // TILE_ROWS, w.padded_features, w.num_groups
+    # NOTE: advanced indices split by a slice put the indexed dim first: [L, ...]
+    if w.bits == 8:
+        codes = w.codes.view(tiles, kp // 4, TILE_ROWS, 4)[t, :, r, :].reshape(len(index), kp)
+    else:
+        chunks = w.codes.view(tiles, kp // BLOCK, 4, TILE_ROWS, 4)[t, :, :, r, :]  # [L, block, chunk, q]
+        codes = _pack_codes(torch.stack([chunks & 0x0F, chunks >> 4], dim=2).reshape(len(index), kp), 4)
+    scales = w.scales.view(tiles, groups, TILE_ROWS)[t, :, r]
+    offsets = w.offsets.view(tiles, groups, TILE_ROWS)[t, :, r]
+    return QuantizedWeight(codes.contiguous(), scales.contiguous(), offsets.contiguous(), w.bits,
+                           w.blocks_per_group, w.in_features)
 
 
 # ---- quantizing fp32 weights ---------------------------------------------------------------

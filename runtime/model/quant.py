@@ -18,6 +18,8 @@ cast the fp16 scales to the model dtype. Quantize after the model is on its devi
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -121,13 +123,27 @@ def quantized_nbytes(model: nn.Module) -> int:
     return sum(seen.values())
 
 
+def prepare_quantized(model: nn.Module) -> None:
+    """Put the quantized weights in the layout the CPU kernel in use reads fastest
+    (``kernels.prepare_quantized``: tiles of 16 rows on AVX-512 VNNI), once, after the
+    native kernels are enabled; a shared table stays shared."""
+    _swap_weights(model, kernels.prepare_quantized)
+
+
 def move_quantized(model: nn.Module, device: torch.device) -> None:
     """Move the quantized weights (which ``Module.to`` does not see) to ``device``."""
-    moved: dict[int, QuantizedWeight] = {}
+    _swap_weights(model, lambda w: w.to(device))
+    for module in model.modules():
+        if isinstance(module, QuantizedLinear) and module.bias is not None:
+            module.bias = module.bias.to(device)
+
+
+def _swap_weights(model: nn.Module, convert: Callable[[QuantizedWeight], QuantizedWeight]) -> None:
+    """Replace each quantized module's weight with ``convert(weight)``, once per shared weight."""
+    done: dict[int, QuantizedWeight] = {}
     for module in model.modules():
         if isinstance(module, QuantizedLinear | QuantizedEmbedding):
             key = id(module.weight)
-            moved.setdefault(key, module.weight.to(device))
-            module.weight = moved[key]
-            if isinstance(module, QuantizedLinear) and module.bias is not None:
-                module.bias = module.bias.to(device)
+            if key not in done:
+                done[key] = convert(module.weight)
+            module.weight = done[key]

@@ -169,6 +169,105 @@ def test_without_avx512_large_batches_dequantize(cpu_kernels: CpuKernels, monkey
         torch.testing.assert_close(dispatch.quantized_linear(x, weight), want, atol=2e-5, rtol=1e-5)
 
 
+# ---- the tiled layout (AVX-512 VNNI) --------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiling(tmp_path_factory: pytest.TempPathFactory) -> CpuQuantLinear:
+    """The native build, which reads tiled weights where the CPU has AVX-512 VNNI."""
+    native = CpuQuantLinear(tmp_path_factory.mktemp("qk-tiles"))
+    if not native.tiles:
+        pytest.skip(f"environment: this CPU's build ({native.path}) has no AVX-512 VNNI path, which tiles")
+    return native
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+@pytest.mark.parametrize("rows,n,k", [(1, 960, 576), (2, 576, 1536), (7, 112, 800), (33, 48, 40), (3, 16, 64)])
+def test_tiled_kernel_matches_the_reference(tiling: CpuQuantLinear, fmt: str, rows: int, n: int, k: int) -> None:
+    """The tiled weight gives what its row layout gives: the reference on the int8-rounded
+    activations, up to fp32 summation order (1, 2, 3 tiles at a time, 1 or 2 activation
+    rows, K padded to whole superblocks)."""
+    weight = FORMATS[fmt](_randn(n, k, seed=21, scale=0.05))
+    x, bias = _randn(rows, k, seed=22), _randn(n, seed=23)
+    out = tiling(x, Q.tile(weight), bias)
+    torch.testing.assert_close(out, Q.quantized_linear(Q.quantize_activations(x), weight, bias),
+                               atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(out, tiling(x, weight, bias), atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bits,blocks_per_group", [(8, None), (8, 1), (4, 1), (4, 2)])
+def test_tiled_kernel_takes_every_code_and_full_scale_activations(
+        tiling: CpuQuantLinear, bits: int, blocks_per_group: int | None) -> None:
+    n, kp = 32, 256
+    codes = torch.arange(n * kp).remainder(1 << bits).view(n, kp)  # every code, in every position
+    groups = 1 if blocks_per_group is None else kp // 32 // blocks_per_group
+    d = _randn(n, groups, seed=24).abs().half() * 0.01 + 0.001
+    m = -(d.float() * (1 << (bits - 1))).half()
+    weight = Q.QuantizedWeight(Q._pack_codes(codes, bits), d, m, bits, blocks_per_group, kp)
+    x = torch.where(_randn(3, kp, seed=25) > 0, 1.0, -1.0)  # every activation code is +-127
+    exact = Q.quantized_linear(Q.quantize_activations(x), weight)
+    torch.testing.assert_close(tiling(x, Q.tile(weight)), exact, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_tiled_dequantize_is_the_references_bit_for_bit(tiling: CpuQuantLinear, fmt: str) -> None:
+    weight = FORMATS[fmt](_randn(48, 800, seed=26, scale=0.05))
+    tiled = Q.tile(weight)
+    assert torch.equal(tiling.dequantize(tiled), Q.dequantize(weight))
+    assert torch.equal(tiling.dequantize(tiled, torch.bfloat16), Q.dequantize(weight).bfloat16())
+
+
+def test_builds_without_tiles_refuse_tiled_weights(tmp_path: Path, cpu_kernels: CpuKernels,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """An AVX2 or portable build is asked for the row layout: handed a tiled weight it
+    refuses it by name, and the dispatcher sends it to the reference instead."""
+    lower = CpuQuantLinear(tmp_path, PATH_DEFINES["portable"])
+    tiled = Q.tile(Q.quantize_int8(_randn(32, 64, seed=27)))
+    x = _randn(3, 64, seed=28)
+    assert not lower.tiles and not lower.supports(x, tiled)
+    with pytest.raises(ValueError, match="row layout only"):
+        lower(x, tiled)
+    monkeypatch.setattr(dispatch, "_cpu", dataclasses.replace(cpu_kernels, quant_linear=lower))
+    torch.testing.assert_close(dispatch.quantized_linear(x, tiled), Q.quantized_linear(x, tiled))
+    assert dispatch.prepare_quantized(Q.quantize_int8(_randn(32, 64, seed=27))).tiled is False
+
+
+def test_dispatch_tiles_what_the_kernel_reads_and_takes_every_batch(
+        cpu_kernels: CpuKernels, tiling: CpuQuantLinear, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the build reads tiles, ``prepare_quantized`` tiles whole-tile weights (not
+    others), and a tiled weight stays in the kernel at every batch size: it beats the bf16
+    and fp32 paths there (measured; ``dispatch``'s table)."""
+    monkeypatch.setattr(dispatch, "_cpu", cpu_kernels)
+    weight = Q.quantize_int4(_randn(96, 256, seed=29))
+    tiled = dispatch.prepare_quantized(weight)
+    assert tiled.tiled and dispatch.prepare_quantized(tiled) is tiled
+    assert not dispatch.prepare_quantized(Q.quantize_int4(_randn(40, 256, seed=30))).tiled
+    assert dispatch.quant_kernel_max_rows(tiled) is None
+    many = _randn(600, 256, seed=31)
+    torch.testing.assert_close(dispatch.quantized_linear(many, tiled),
+                               Q.quantized_linear(Q.quantize_activations(many), weight), atol=2e-5, rtol=1e-5)
+    dispatch.set_kernel_backend("torch")
+    try:
+        assert not dispatch.prepare_quantized(weight).tiled
+    finally:
+        dispatch.set_kernel_backend("auto")
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_tile_round_trips_and_tiled_rows_are_the_rows(fmt: str) -> None:
+    weight = FORMATS[fmt](_randn(48, 200, seed=32))
+    tiled = Q.tile(weight)
+    assert tiled.tiled and not torch.equal(tiled.codes, weight.codes)
+    back = Q.untile(tiled)
+    for a, b in ((back.codes, weight.codes), (back.scales, weight.scales), (back.offsets, weight.offsets)):
+        assert torch.equal(a, b)
+    assert torch.equal(Q.dequantize(tiled), Q.dequantize(weight))
+    idx = torch.tensor([47, 0, 17, 16, 5])
+    assert torch.equal(Q.dequantize(tiled.rows(idx)), Q.dequantize(weight)[idx])
+    with pytest.raises(ValueError, match="multiple of 16 rows"):
+        Q.tile(Q.quantize_int8(_randn(40, 64, seed=33)))
+    with pytest.raises(ValueError, match="then tile"):
+        Q.cat_rows([tiled, tiled])
+
+
 # ---- the format ----------------------------------------------------------------------------
 def test_int8_and_int4_round_trip_within_half_a_step() -> None:
     w = _randn(50, 200, seed=9)  # 200 features: padded to 256 = 8 blocks

@@ -16,7 +16,7 @@ from runtime import Engine, SamplingParams
 from runtime.model.fused_decode import FusedDecode
 from runtime.model.kv_cache import KVCache
 from runtime.model.loader import load_model
-from runtime.model.quant import QuantizedLinear, quantize_model
+from runtime.model.quant import QuantizedLinear, prepare_quantized, quantize_model
 from runtime.model.runner import ModelRunner
 from runtime.scheduler.batch import ForwardBatch, ForwardSeq
 
@@ -29,9 +29,15 @@ def _kernels_on(cpu_kernels_enabled: None) -> None:
     """Every test here compares against the layer-by-layer path with the C kernels on."""
 
 
-def _model(model_dir: Path, fmt: str) -> torch.nn.Module:
+def _model(model_dir: Path, fmt: str, tiles: bool = False) -> torch.nn.Module:
+    """The model quantized to ``fmt``, its weights tiled when ``tiles`` (the engine's load on
+    AVX-512 VNNI; skips elsewhere), else in the row layout (the AVX-512 row kernel)."""
     model = load_model(model_dir, CPU, torch.float32, 1024)
     quantize_model(model, fmt)
+    if tiles:
+        prepare_quantized(model)
+        if not all(m.weight.tiled for m in model.modules() if isinstance(m, QuantizedLinear)):
+            pytest.skip("environment: the CPU kernels tile weights with AVX-512 VNNI only")
     return model
 
 
@@ -93,9 +99,10 @@ def _assert_same_kv(a: KVCache, b: KVCache, slots: torch.Tensor) -> None:
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.int8, torch.float8_e4m3fn])
 @pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("tiles", [False, True], ids=["rows", "tiles"])
 def test_fused_steps_equal_the_layer_by_layer_path(fmt: str, kv_dtype: torch.dtype, page_size: int,
-                                                    tiny_llama_dir: Path) -> None:
-    model = _model(tiny_llama_dir, fmt)
+                                                    tiles: bool, tiny_llama_dir: Path) -> None:
+    model = _model(tiny_llama_dir, fmt, tiles)
     eager, fused = _runners(model, page_size, kv_dtype)
     for lengths in ([600], [5, 300, 17], [3, 9, 33, 70, 2]):
         seqs = Seqs(_prompts(lengths), page_size)
@@ -150,6 +157,22 @@ def test_qkv_bias_and_tied_head(tiny_qwen2_dir: Path) -> None:
         fused.forward(seqs.prefill())
         batch = seqs.decode(new)
         assert torch.equal(fused.forward(batch).logits, eager.forward(batch).logits)
+
+
+def test_an_mlp_width_off_the_tile_grid(tiny_llama_mlp40_dir: Path) -> None:
+    """intermediate 40: the fused step's gate rows [0, 40) and up rows [40, 80) each cut a
+    16-row tile of the tiled gate/up weight, whose outputs are then stored in part."""
+    model = _model(tiny_llama_mlp40_dir, "int4", tiles=True)
+    eager, fused = _runners(model, 4, torch.float32)
+    seqs = Seqs(_prompts([7, 20, 3]), 4)
+    with torch.inference_mode():
+        new = eager.forward(seqs.prefill()).logits.argmax(dim=-1).tolist()
+        fused.forward(seqs.prefill())
+        for _ in range(2):
+            batch = seqs.decode(new)
+            want = eager.forward(batch)
+            assert torch.equal(fused.forward(batch).logits, want.logits)
+            new = want.logits.argmax(dim=-1).tolist()
 
 
 def test_models_it_does_not_take_are_refused_by_name(tiny_llama_dir: Path) -> None:

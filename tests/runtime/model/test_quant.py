@@ -24,6 +24,7 @@ from runtime.model.loader import load_model, resolve_model_dir
 from runtime.model.quant import (
     QuantizedEmbedding,
     QuantizedLinear,
+    prepare_quantized,
     quantize_model,
     quantized_nbytes,
 )
@@ -150,8 +151,9 @@ PROMPTS = [
 # channel does not reliably reach the 97% the issue asks for (groups of 32: 0.960 / 0.0046),
 # which is why "auto" stays fp32. With AVX512_BF16 (2-core Zen 5 EPYC), where sequences of
 # 32+ tokens take the bf16 matmul for block-scaled weights (64+ for int8): int8 0.968 /
-# 0.0081, int4 0.968 / 0.0035, gguf 0.968 / 0.0022. The gates leave room for near-ties
-# flipping.
+# 0.0081, int4 0.968 / 0.0035, gguf 0.968 / 0.0022; tiled weights (AVX-512 VNNI, int8
+# activations at every size; 2-core Zen 4): int8 0.964 / 0.0081, int4 0.968 / 0.0045, gguf
+# 0.960 / 0.0034. The gates leave room for near-ties flipping.
 MIN_AGREEMENT = {"int8": 0.95, "int4": 0.95, "gguf": 0.95}
 MAX_MEAN_KL = {"int8": 0.015, "int4": 0.01, "gguf": 0.006}
 
@@ -178,9 +180,11 @@ def _quantized_default(fmt: str) -> LlamaForCausalLM:
 
     model_dir = resolve_model_dir("default")
     if fmt == "gguf":
-        return load_gguf_model(gguf_file("default"), ModelArgs.from_hf_config(read_config(model_dir)), 2048)
-    model = load_model(model_dir, CPU, torch.float32, 2048)
-    quantize_model(model, fmt)
+        model = load_gguf_model(gguf_file("default"), ModelArgs.from_hf_config(read_config(model_dir)), 2048)
+    else:
+        model = load_model(model_dir, CPU, torch.float32, 2048)
+        quantize_model(model, fmt)
+    prepare_quantized(model)  # NOTE: the layout an engine runs (tiled on AVX-512 VNNI)
     return model
 
 
@@ -200,6 +204,7 @@ def test_next_token_agreement_with_fp32(fmt: str, fp32_reference: tuple[list[lis
         kl += torch.nn.functional.kl_div(got.log_softmax(-1), want.log_softmax(-1), log_target=True,
                                          reduction="sum").item()
         total += len(ids)
+    print(f"{fmt}: top-1 agreement {agree / total:.3f}, mean KL {kl / total:.4f} over {total} positions")
     assert agree / total >= MIN_AGREEMENT[fmt], (fmt, agree / total)
     assert kl / total <= MAX_MEAN_KL[fmt], (fmt, kl / total)
 
