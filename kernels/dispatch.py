@@ -267,10 +267,11 @@ QUANT_KERNEL_MAX_ROWS_WITHOUT_AVX512 = 64
 # QUANT_BF16_MIN_ROWS_LARGE rows (10.3 / 30.1 ms at 32 rows, 110 / 74 at 256).
 # A tiled weight (AVX-512 VNNI; reference.quant.tile) takes the kernel at every batch: 16
 # outputs a vpdpbusd, no horizontal sums, a convert and a multiply-add per 32 inputs of 16
-# rows. Measured on a 2-core Zen 4 EPYC (AVX512_BF16), 2 threads, tiled kernel / bf16 path /
-# row-layout kernel: int8 per channel 3072x576 0.26 / 0.61 / 0.61 ms at 32 rows, 9.6 / 14.2
-# / 24.1 at 1,024; Q4 3072x576 0.29 / 0.83 / 0.97 at 32, 8.5 / 13.1 / 34.4 at 1,024;
-# 576x1536 Q4 5.9 / 6.7 / 15.6 at 1,024; the 49152x576 LM head int8 5.2 / 36.4 / 11.1 at 32.
+# rows. ``benchmarks/bench_quant_linear.py`` on a 2-core Zen 4 EPYC (AVX512_BF16), 2 threads,
+# the default model's shapes, tiled kernel against the row-layout kernel / the bf16 path:
+# 1.2-3.8x / 1.3-4.1x at 32 to 256 rows, 1.3-3.8x / 0.93-1.6x at 1,024 (the one loss: the
+# int8 960x576 q/k/v, 5.7 against 5.3 ms); e.g. int8 3072x576 at 32 rows 0.33 / 0.68 / 0.86
+# ms, Q4 3072x576 at 1,024 8.0 / 30.7 / 11.2 ms.
 QUANT_BF16_MIN_ROWS = 32
 QUANT_BF16_MIN_ROWS_PER_ROW = 64
 QUANT_BF16_MIN_ROWS_LARGE = 256
