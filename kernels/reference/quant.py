@@ -47,9 +47,11 @@ import torch.nn.functional as F
 BLOCK = 32  # input features per block (the activations' quantization block too)
 SUPERBLOCK = 64  # two blocks: the unit of the 4-bit code layout and of row padding
 TILE_ROWS = 16  # rows of a tile in the tiled layout
-GGML_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # bytes per 32 elements in a GGUF file
-Q4_K_BYTES, Q4_K_ELEMENTS = 144, 256  # a Q4_K superblock: d, dmin (f16), 12 bytes of scales, 128 of nibbles
-GGML_KINDS = (*GGML_BLOCK_BYTES, "Q4_K")  # the GGUF block types loaded without dequantizing
+GGML_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34}  # per 32 elements
+K_ELEMENTS = 256  # a K-quant superblock's elements
+# superblock bytes: d, dmin (f16), 12 bytes of 6-bit scales and mins, [32 bytes of 5th bits], 128 of nibbles
+K_BYTES = {"Q4_K": 144, "Q5_K": 176}
+GGML_KINDS = (*GGML_BLOCK_BYTES, *K_BYTES)  # the GGUF block types loaded without dequantizing
 
 
 @dataclass(frozen=True)
@@ -274,26 +276,36 @@ def from_ggml_blocks(raw: torch.Tensor, kind: str, in_features: int) -> Quantize
     dequantizing: the scales are copied bit for bit, the codes only rearranged.
 
     ``kind``: "Q4_0" (d f16, 16 bytes of nibbles: element j low, j + 16 high), "Q4_1" (d, m,
-    nibbles), "Q8_0" (d, 32 int8) or "Q4_K" (``_from_q4_k``: its block scales are rounded).
+    nibbles), "Q5_0" / "Q5_1" (d, [m,] 4 bytes of fifth bits, nibbles: 5-bit codes, held in
+    8 bits), "Q8_0" (d, 32 int8), "Q4_K" or "Q5_K" (``_from_k_quant``: their block scales
+    are rounded).
     """
     if kind not in GGML_KINDS:
         raise ValueError(f"unsupported GGUF block type {kind!r} (supported: {sorted(GGML_KINDS)})")
-    if kind == "Q4_K":
-        return _from_q4_k(raw, in_features)
+    if kind in K_BYTES:
+        return _from_k_quant(raw, kind, in_features)
     if in_features % BLOCK:
         raise ValueError(f"a {kind} row holds whole blocks of {BLOCK}, got {in_features} features")
     n, nb = raw.shape[0], in_features // BLOCK
     blocks = raw.reshape(n, nb, GGML_BLOCK_BYTES[kind])
-    d = blocks[:, :, 0:2].contiguous().view(torch.float16).view(n, nb)
+    d = _f16(blocks, 0).view(n, nb)
     if kind == "Q8_0":
         codes = (blocks[:, :, 2:].contiguous().view(torch.int8).to(torch.int16) + 128).view(n, -1)
         m = (-128.0 * d.float()).half()
     else:
-        qs = blocks[:, :, 4:] if kind == "Q4_1" else blocks[:, :, 2:]
-        codes = torch.cat([qs & 0x0F, qs >> 4], dim=2).view(n, -1)  # elements 0..15, 16..31
-        m = blocks[:, :, 2:4].contiguous().view(torch.float16).view(n, nb) if kind == "Q4_1" \
-            else (-8.0 * d.float()).half()
-    bits = 8 if kind == "Q8_0" else 4
+        with_m = kind in ("Q4_1", "Q5_1")
+        qs = blocks[:, :, 4 if with_m else 2:]
+        if kind.startswith("Q5"):  # 4 bytes (little-endian) of the codes' fifth bits, then nibbles
+            qh, qs = qs[:, :, :4].to(torch.int64), qs[:, :, 4:]
+            fifth = (qh[:, :, 0:1] | qh[:, :, 1:2] << 8 | qh[:, :, 2:3] << 16 | qh[:, :, 3:4] << 24)
+            high = ((fifth >> torch.arange(BLOCK)) & 1).to(torch.uint8) << 4  # [n, nb, 32]
+        codes = torch.cat([qs & 0x0F, qs >> 4], dim=2)  # elements 0..15, 16..31
+        if kind.startswith("Q5"):
+            codes = codes | high
+        codes = codes.view(n, -1)
+        zero = 16.0 if kind == "Q5_0" else 8.0  # Q4_0 / Q5_0: w = d (q - zero)
+        m = _f16(blocks, 2).view(n, nb) if with_m else (-zero * d.float()).half()
+    bits = 4 if kind.startswith("Q4") else 8
     kp = -(-in_features // SUPERBLOCK) * SUPERBLOCK
     pad_blocks = kp // BLOCK - nb
     codes = F.pad(codes, (0, kp - in_features))
@@ -301,25 +313,44 @@ def from_ggml_blocks(raw: torch.Tensor, kind: str, in_features: int) -> Quantize
     return QuantizedWeight(_pack_codes(codes, bits), d.contiguous(), m.contiguous(), bits, 1, in_features)
 
 
-def _from_q4_k(raw: torch.Tensor, in_features: int) -> QuantizedWeight:
-    """Q4_K superblocks of 256 as 4-bit groups of 32: sub-block j of a superblock has
-    w = d * sc_j * q - dmin * m_j (6-bit sc_j, m_j packed in 12 bytes, as ggml's
-    get_scale_min_k4 reads them). Its nibbles are already in our order (each 64 elements:
-    byte i holds element i low, element 32 + i high), so the codes are copied; a block's
-    d * sc_j and -dmin * m_j, exact in fp32, are rounded to our fp16 (relative 2^-11)."""
-    if in_features % Q4_K_ELEMENTS:
-        raise ValueError(f"a Q4_K row holds whole superblocks of {Q4_K_ELEMENTS}, got {in_features} features")
-    n, ns = raw.shape[0], in_features // Q4_K_ELEMENTS
-    blocks = raw.reshape(n, ns, Q4_K_BYTES)
-    d = blocks[:, :, 0:2].contiguous().view(torch.float16).float()  # [n, ns, 1]
-    dmin = blocks[:, :, 2:4].contiguous().view(torch.float16).float()
+def _f16(blocks: torch.Tensor, at: int) -> torch.Tensor:  # the fp16 at byte ``at`` of each block
+    return blocks[..., at:at + 2].contiguous().view(torch.float16)
+
+
+def _from_k_quant(raw: torch.Tensor, kind: str, in_features: int) -> QuantizedWeight:
+    """Q4_K / Q5_K superblocks of 256 as groups of 32 (4-bit codes; Q5_K's 5-bit ones held
+    in 8 bits): sub-block j of a superblock has w = d * sc_j * q - dmin * m_j (6-bit sc_j,
+    m_j packed in 12 bytes, as ggml's get_scale_min_k4 reads them). Q4_K's nibbles are
+    already in our order (each 64 elements: byte i holds element i low, element 32 + i
+    high), so they are copied; Q5_K adds bit j of byte i of its 32 ``qh`` bytes as the
+    fifth bit of element i of sub-block j. A block's d * sc_j and -dmin * m_j, exact in
+    fp32, are rounded to our fp16 (relative 2^-11)."""
+    if in_features % K_ELEMENTS:
+        raise ValueError(f"a {kind} row holds whole superblocks of {K_ELEMENTS}, got {in_features} features")
+    n, ns = raw.shape[0], in_features // K_ELEMENTS
+    blocks = raw.reshape(n, ns, K_BYTES[kind])
+    d, dmin = _f16(blocks, 0).float(), _f16(blocks, 2).float()  # [n, ns, 1]
     q = blocks[:, :, 4:16].to(torch.int32)
     sc = torch.cat([q[:, :, 0:4] & 63, (q[:, :, 8:12] & 0xF) | ((q[:, :, 0:4] >> 6) << 4)], dim=2)
     mn = torch.cat([q[:, :, 4:8] & 63, (q[:, :, 8:12] >> 4) | ((q[:, :, 4:8] >> 6) << 4)], dim=2)
     scales = (d * sc.float()).half().view(n, ns * 8)
     offsets = (-(dmin * mn.float())).half().view(n, ns * 8)
-    codes = blocks[:, :, 16:].contiguous().view(n, ns * 128)
-    return QuantizedWeight(codes, scales, offsets, 4, 1, in_features)
+    if kind == "Q4_K":
+        return QuantizedWeight(blocks[:, :, 16:].contiguous().view(n, ns * 128), scales, offsets, 4, 1, in_features)
+    qh = blocks[:, :, 16:48]  # [n, ns, 32]
+    nibbles = blocks[:, :, 48:].view(n, ns, 4, 32)  # 4 x 64 elements: sub-block 2c low, 2c + 1 high
+    codes = torch.stack([nibbles & 0x0F, nibbles >> 4], dim=3).view(n, ns, 8, 32)
+    fifth = (qh[:, :, None, :] >> torch.arange(8, dtype=torch.uint8)[:, None]) & 1  # [n, ns, 8, 32]
+    return QuantizedWeight((codes | (fifth << 4)).view(n, ns * 256), scales, offsets, 8, 1, in_features)
+
+
+def widen(w: QuantizedWeight) -> QuantizedWeight:
+    """A 4-bit weight with its codes held in 8 bits (the same values, so it can be stacked
+    with an 8-bit weight of the same groups)."""
+    if w.bits == 8:
+        return w
+    w = untile(w)
+    return QuantizedWeight(_unpack_codes(w).contiguous(), w.scales, w.offsets, 8, w.blocks_per_group, w.in_features)
 
 
 # ---- the matmul ----------------------------------------------------------------------------

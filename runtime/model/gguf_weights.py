@@ -1,13 +1,17 @@
-"""A GGUF model's weights loaded as they are stored: Q4_0 / Q4_1 / Q8_0 blocks become
-``QuantizedWeight`` codes and scales bit for bit (``weights="gguf"``), with no fp32 copy.
+"""A GGUF model's weights loaded as they are stored: Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 blocks
+become ``QuantizedWeight`` codes and scales bit for bit (``weights="gguf"``), with no fp32
+copy (Q5's 5-bit codes held in 8 bits).
 
 What conversion (``convert.py``, through transformers) does to the numbers, we do to rows:
 llama.cpp stores a Llama model's q and k projections with the rows of each head
 interleaved for its rotary layout; undoing that is a row permutation, which moves whole
 quantized rows. Tensors in other types (F32/F16 norms, or a linear in a K-quant we have
-no kernel for) are dequantized with the ``gguf`` package; such a linear is then quantized
-to int8 per channel, and the log says so. Q4_K blocks load as 4-bit groups of 32 (their scales
-rounded to fp16: ``kernels.reference.quant._from_q4_k``).
+no kernel for: Q6_K, Q2_K, Q3_K, ...) are dequantized with the ``gguf`` package; such a
+linear is then quantized to int8 in groups of 32, and the log says so. Q4_K and Q5_K blocks
+load as groups of 32 (their scales rounded to fp16: ``kernels.reference.quant._from_k_quant``).
+Every one of these is a format of groups of 32, so parts of a fused weight stored in
+different ones (a file's v in Q6_K, its q and k in Q4_K) stack without requantizing: 4-bit
+parts are widened to 8-bit codes (``widen``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from kernels.reference.quant import (
     dequantize,
     from_ggml_blocks,
     quantize_int8,
+    widen,
 )
 from runtime.errors import ModelLoadError
 from runtime.model.llama import DecoderLayer, LlamaForCausalLM, ModelArgs, RMSNorm
@@ -75,8 +80,8 @@ class GGUFTensors:
         if kind in GGML_KINDS:
             raw = torch.from_numpy(np.array(t.data)).view(torch.uint8)  # a copy, as above
             return from_ggml_blocks(raw.reshape(int(t.shape[1]), -1), kind, in_features)
-        log.info("GGUF tensor %s is %s: no kernel for it, quantizing to int8 per channel", name, kind)
-        return quantize_int8(self.dense(name).reshape(-1, in_features))
+        log.info("GGUF tensor %s is %s: no kernel for it, quantizing to int8 in groups of 32", name, kind)
+        return quantize_int8(self.dense(name).reshape(-1, in_features), blocks_per_group=1)
 
 
 def _unpermute_rows(num_heads: int, rows: int) -> torch.Tensor:
@@ -164,9 +169,14 @@ def _build(weights: Weights, args: ModelArgs, max_positions: int) -> LlamaForCau
 
 
 # ---- the cache of the rearranged tensors ---------------------------------------------------
+# What a GGUF type loads as; part of the cache key, so a change here rebuilds the cache
+# (2: Q5_0 / Q5_1 / Q5_K loaded as 8-bit codes, other types requantized in groups of 32).
+CACHE_VERSION = 2
+
+
 def _cache_file(path: Path, cache_dir: Path) -> Path:
     stat = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
+    key = hashlib.sha256(f"{CACHE_VERSION}|{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
     return cache_dir / f"gguf-native-{key[:12]}.safetensors"
 
 
@@ -209,12 +219,14 @@ def _read_cache(file: Path) -> Weights:
 
 
 def _fused(name: str, parts: list[QuantizedWeight]) -> QuantizedWeight:
-    """Parts stacked into one weight; parts stored in different formats (a file may keep v
-    in Q8_0 and q, k in Q4) are requantized together to int8 per channel."""
-    formats = {(p.bits, p.blocks_per_group) for p in parts}
-    if len(formats) == 1:
+    """Parts stacked into one weight. Parts of different code widths but the same groups (a
+    file may keep v in Q8_0 or Q6_K and q, k in Q4) stack exactly, the 4-bit ones widened
+    to 8-bit codes; parts of different groups are requantized together to int8 per channel."""
+    if len({p.bits for p in parts}) > 1 and len({p.blocks_per_group for p in parts}) == 1:
+        parts = [widen(p) for p in parts]
+    if len({(p.bits, p.blocks_per_group) for p in parts}) == 1:
         return cat_rows(parts)
-    log.info("GGUF %s: parts in different formats, quantizing the fused weight to int8", name)
+    log.info("GGUF %s: parts in different groups, quantizing the fused weight to int8", name)
     return quantize_int8(torch.cat([dequantize(p) for p in parts]))
 
 

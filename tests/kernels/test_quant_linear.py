@@ -293,54 +293,69 @@ def test_format_checks_its_tensors() -> None:
         Q.cat_rows([qw, Q.quantize_int8(_randn(8, 64, seed=11))])
 
 
-@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
 @pytest.mark.parametrize("k", [64, 96])  # 96: an odd number of blocks, padded
 def test_ggml_blocks_load_bit_for_bit(kind: str, k: int) -> None:
     """gguf's own quantizer writes the blocks; ours must dequantize to exactly what gguf's
-    dequantizer gives (both compute d * q + m in fp32)."""
+    dequantizer gives (both compute d * q + m in fp32). Q5's 5-bit codes are held in 8."""
     qtype = gguf.GGMLQuantizationType[kind]
     w = _randn(24, k, seed=12).numpy()
     raw = gguf.quants.quantize(w, qtype)  # uint8 [24, k / 32 * block bytes]
     want = torch.from_numpy(gguf.quants.dequantize(raw, qtype).astype(np.float32))
     ours = Q.from_ggml_blocks(torch.from_numpy(raw), kind, k)
-    assert ours.bits == (8 if kind == "Q8_0" else 4)
+    assert ours.bits == (4 if kind.startswith("Q4") else 8)
     torch.testing.assert_close(Q.dequantize(ours), want, atol=0, rtol=0)
 
 
-def _q4_k_blocks(n: int, k: int, seed: int) -> np.ndarray:
-    """Random Q4_K superblocks (every scale, min and nibble byte random; d, dmin ordinary)."""
+def _k_quant_blocks(kind: str, n: int, k: int, seed: int) -> np.ndarray:
+    """Random Q4_K / Q5_K superblocks (every scale, min, fifth-bit and nibble byte random;
+    d, dmin ordinary)."""
     rng = np.random.default_rng(seed)
-    raw = rng.integers(0, 256, (n, k // 256, 144), dtype=np.uint8)
+    raw = rng.integers(0, 256, (n, k // 256, Q.K_BYTES[kind]), dtype=np.uint8)
     raw[:, :, 0:2] = rng.uniform(1e-4, 2e-2, (n, k // 256)).astype(np.float16).view(np.uint8).reshape(n, -1, 2)
     raw[:, :, 2:4] = rng.uniform(1e-4, 2e-2, (n, k // 256)).astype(np.float16).view(np.uint8).reshape(n, -1, 2)
     return raw.reshape(n, -1)
 
 
+@pytest.mark.parametrize("kind,bits", [("Q4_K", 4), ("Q5_K", 8)])
 @pytest.mark.parametrize("k", [256, 768])
-def test_q4_k_blocks_load_as_4_bit_groups(kernel: CpuQuantLinear, k: int) -> None:
-    """Q4_K (superblocks of 256 with 6-bit sub-block scales and mins) as our 4-bit groups
-    of 32: within the fp16 rounding of the block scales of gguf's own dequantizer, and the
-    kernel matches the reference on it."""
-    raw = _q4_k_blocks(20, k, seed=17)
-    want = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_K).astype(np.float32))
-    ours = Q.from_ggml_blocks(torch.from_numpy(raw), "Q4_K", k)
-    assert (ours.bits, ours.blocks_per_group, ours.scales.shape) == (4, 1, (20, k // 32))
+def test_k_quant_blocks_load_as_groups_of_32(kernel: CpuQuantLinear, kind: str, bits: int, k: int) -> None:
+    """Q4_K and Q5_K (superblocks of 256 with 6-bit sub-block scales and mins) as our
+    groups of 32 (Q5_K's 5-bit codes held in 8 bits): within the fp16 rounding of the block
+    scales of gguf's own dequantizer, and the kernel matches the reference on them."""
+    raw = _k_quant_blocks(kind, 20, k, seed=17)
+    want = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[kind]).astype(np.float32))
+    ours = Q.from_ggml_blocks(torch.from_numpy(raw), kind, k)
+    assert (ours.bits, ours.blocks_per_group, ours.scales.shape) == (bits, 1, (20, k // 32))
     # d * sc_j and dmin * m_j rounded to fp16 (at most 2^-11 of each): per block of 32, the
-    # error is bounded by 2^-11 (15 |scale| + |offset|), and is not zero (they were rounded)
-    bound = ((15 * ours.scales.float().abs() + ours.offsets.float().abs()) * 2.0**-11).repeat_interleave(32, dim=1)
+    # error is bounded by 2^-11 (max_code |scale| + |offset|), and is not zero (they were rounded)
+    top = 15 if kind == "Q4_K" else 31
+    bound = ((top * ours.scales.float().abs() + ours.offsets.float().abs()) * 2.0**-11).repeat_interleave(32, dim=1)
     err = (Q.dequantize(ours) - want).abs()
     assert (err <= bound * 1.001 + 1e-7).all() and err.max() > 0
     assert (err <= want.abs() * 1e-2 + 2e-3).all()
     x = _randn(5, k, seed=18)
-    torch.testing.assert_close(kernel(x, ours), Q.quantized_linear(Q.quantize_activations(x), ours),
-                               atol=2e-5, rtol=1e-5)
+    exact = Q.quantized_linear(Q.quantize_activations(x), ours)
+    # NOTE: relative to the output's scale: these random blocks have offsets up to 1.26 a
+    # weight, and the AVX2 path's 8-bit codes as code - 128 (offset + 128 d) cancel that much
+    # more (seen: 4e-4 off on outputs of ~10^2)
+    torch.testing.assert_close(kernel(x, ours), exact, atol=5e-6 * exact.abs().max().item(), rtol=1e-5)
     with pytest.raises(ValueError, match="superblocks of 256"):
-        Q.from_ggml_blocks(torch.from_numpy(raw[:, :72]), "Q4_K", 128)
+        Q.from_ggml_blocks(torch.from_numpy(raw[:, :72]), kind, 128)
+
+
+def test_widen_holds_4_bit_codes_in_8() -> None:
+    weight = Q.quantize_int4(_randn(32, 96, seed=34))
+    wide = Q.widen(weight)
+    assert (wide.bits, wide.blocks_per_group) == (8, 1) and int(wide.codes.max()) <= 15
+    assert torch.equal(Q.dequantize(wide), Q.dequantize(weight))
+    assert torch.equal(Q.dequantize(Q.widen(Q.tile(weight))), Q.dequantize(weight))
+    assert Q.widen(wide) is wide
 
 
 def test_ggml_blocks_refuse_unknown_types_and_partial_blocks() -> None:
     with pytest.raises(ValueError, match="unsupported GGUF block type"):
-        Q.from_ggml_blocks(torch.zeros(1, 18, dtype=torch.uint8), "Q5_K", 32)
+        Q.from_ggml_blocks(torch.zeros(1, 18, dtype=torch.uint8), "Q6_K", 32)
     with pytest.raises(ValueError, match="whole blocks"):
         Q.from_ggml_blocks(torch.zeros(1, 18, dtype=torch.uint8), "Q4_0", 40)
 

@@ -236,3 +236,20 @@ def test_gguf_native_weights_equal_the_converted_fp32_ones(tmp_path: Path) -> No
         assert isinstance(ours_mod, QuantizedLinear | QuantizedEmbedding)
         torch.testing.assert_close(dequantize(ours_mod.weight), theirs_mod.weight, atol=1e-7, rtol=0)
     assert native.lm_head is not None and native.lm_head.weight is native.embed_tokens.weight  # tied
+
+
+def test_gguf_parts_of_mixed_code_widths_stack_exactly() -> None:
+    """A file's q and k in a 4-bit type and its v in an 8-bit one (Q8_0, Q5_*, or Q6_K
+    requantized in groups of 32) fuse without requantizing: the 4-bit parts are widened.
+    Parts in different groups are requantized to int8 per channel, as before."""
+    from kernels.reference.quant import quantize_int4, quantize_int8
+    from runtime.model.gguf_weights import _fused
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(n, 64, generator=gen) for n in (32, 16, 16))
+    parts = [quantize_int4(q), quantize_int4(k), quantize_int8(v, blocks_per_group=1)]
+    fused = _fused("qkv", parts)
+    assert (fused.bits, fused.blocks_per_group) == (8, 1)
+    assert torch.equal(dequantize(fused), torch.cat([dequantize(p) for p in parts]))
+    requantized = _fused("qkv", [quantize_int4(q), quantize_int8(v)])
+    assert (requantized.bits, requantized.blocks_per_group) == (8, None)
