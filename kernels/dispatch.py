@@ -268,10 +268,10 @@ QUANT_KERNEL_MAX_ROWS_WITHOUT_AVX512 = 64
 # A tiled weight (AVX-512 VNNI; reference.quant.tile) takes the kernel at every batch: 16
 # outputs a vpdpbusd, no horizontal sums, a convert and a multiply-add per 32 inputs of 16
 # rows. ``benchmarks/bench_quant_linear.py`` on a 2-core Zen 4 EPYC (AVX512_BF16), 2 threads,
-# the default model's shapes, tiled kernel against the row-layout kernel / the bf16 path:
-# 1.2-3.8x / 1.3-4.1x at 32 to 256 rows, 1.3-3.8x / 0.93-1.6x at 1,024 (the one loss: the
-# int8 960x576 q/k/v, 5.7 against 5.3 ms); e.g. int8 3072x576 at 32 rows 0.33 / 0.68 / 0.86
-# ms, Q4 3072x576 at 1,024 8.0 / 30.7 / 11.2 ms.
+# the default model's shapes, the tiled kernel is 1.2-3.8x the row-layout kernel at every
+# size (1 to 1,024 rows) and 1.3-7.6x the bf16 path at 32 and 256 rows, 0.93-1.6x at 1,024
+# (the one loss: the int8 960x576 q/k/v, 5.7 against 5.3 ms); e.g. tiled / rows / bf16,
+# int8 3072x576 at 32 rows 0.33 / 0.68 / 0.86 ms, Q4 3072x576 at 1,024 8.0 / 30.7 / 11.2.
 QUANT_BF16_MIN_ROWS = 32
 QUANT_BF16_MIN_ROWS_PER_ROW = 64
 QUANT_BF16_MIN_ROWS_LARGE = 256
