@@ -8,10 +8,11 @@ same arithmetic; the layer-by-layer model stays the reference, the path for ever
 that prefills or verifies, and the path for models the step does not take.
 
 The step has only the quantized kernel; where the layer-by-layer linears leave it for a
-dequantized matmul above some batch size (``kernels.quant_kernel_max_rows``: a bf16 matmul
-from 32 or 64 rows with AVX512_BF16), the step takes batches up to that size
-(``max_batch``) and larger decode batches run layer by layer, so the two paths always
-compute the same bits, and a large batch gets the faster matmul.
+dequantized matmul above some batch size (``kernels.quant_kernel_max_rows``: for weights in
+the row layout, a bf16 matmul from 32 or 64 rows with AVX512_BF16; tiled weights never
+leave it), the step takes batches up to that size (``max_batch``) and larger decode
+batches run layer by layer, so the two paths always compute the same bits, and a large
+batch gets the faster matmul.
 """
 
 from __future__ import annotations
