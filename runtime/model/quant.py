@@ -139,7 +139,11 @@ def move_quantized(model: nn.Module, device: torch.device) -> None:
 
 
 def _swap_weights(model: nn.Module, convert: Callable[[QuantizedWeight], QuantizedWeight]) -> None:
-    """Replace each quantized module's weight with ``convert(weight)``, once per shared weight."""
+    """Replace each quantized module's weight with ``convert(weight)``, once per shared weight.
+
+    NOTE: keyed by the old weight's id. An old weight freed once replaced cannot alias one
+    still to be visited: both were alive together, so their ids differ; the old weights are
+    not kept alive here, so at most one extra copy exists at a time."""
     done: dict[int, QuantizedWeight] = {}
     for module in model.modules():
         if isinstance(module, QuantizedLinear | QuantizedEmbedding):

@@ -179,6 +179,12 @@ def tiling(tmp_path_factory: pytest.TempPathFactory) -> CpuQuantLinear:
     return native
 
 
+def test_exactly_the_avx512_vnni_build_reads_tiles(kernel: CpuQuantLinear) -> None:
+    """What the tiled tests' skip rests on: tiles go with the instruction-set path, and no
+    other cause turns them off."""
+    assert kernel.tiles == (kernel.path == "avx512-vnni")
+
+
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
 @pytest.mark.parametrize("rows,n,k", [(1, 960, 576), (2, 576, 1536), (7, 112, 800), (33, 48, 40), (3, 16, 64)])
 def test_tiled_kernel_matches_the_reference(tiling: CpuQuantLinear, fmt: str, rows: int, n: int, k: int) -> None:
