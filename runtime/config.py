@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
 from runtime.errors import InvalidRequestError
@@ -22,83 +22,91 @@ KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 DEFAULT_MEM_FRACTION = 0.15  # of free memory, for the KV pool when neither size is given
 
 
+def setting(default: Any, help: str) -> Any:
+    """A config field with its help text: the CLI flag's ``--help`` and the generated
+    reference (docs/cli.md) read it from the field's metadata."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Every engine setting. Construct once; never mutated afterwards."""
 
-    model: str = "default"  # "default", an HF directory, or a .gguf file
-    device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda", "cuda:1"...
-    dtype: str = "auto"  # "auto" (fp32 on CPU, bf16 on CUDA), "float32", "float16", "bfloat16"
-    max_model_len: int | None = None  # tokens per request (prompt + output); None: model's
-    page_size: int = 1  # tokens per KV page
-    num_pages: int | None = None  # KV pool size; None: derived from mem_fraction
-    # Share of free memory given to the KV pool; None: DEFAULT_MEM_FRACTION. Only without
-    # num_pages: giving both is refused (one would be ignored).
-    mem_fraction: float | None = None
-    max_running_requests: int = 256  # cap on requests in the running batch
-    max_prefill_tokens: int = 2048  # prefill token budget of a step in which nothing decodes
-    # Prefill tokens per step while other requests decode (stall-free batching): long
-    # prompts advance in chunks this small so running streams keep their pace. None: 16 on
-    # the CPU, where a step's cost grows with every row (measured, 16 streams decoding
-    # while a 2,000-token prompt arrives: their p99 inter-token latency 1.4-1.7x their ITL
-    # alone with 16-token chunks, 2.3-3.6x with 32), and 512 on CUDA, where it stays flat
-    # for a few hundred rows.
-    chunked_prefill_size: int | None = None
-    decode_reserve_tokens: int = 16  # KV tokens reserved per running request at admission
-    disable_prefix_cache: bool = False  # True: the do-nothing cache (baseline)
-    schedule_policy: SchedulePolicy = "lpm"  # "lpm" longest-prefix-match, or "fcfs"
-    # LPM aging: once this many later arrivals were admitted ahead of a waiting request, it
-    # goes first (scheduler/policy.py); None: no bound (a cache-cold request can starve).
-    lpm_max_overtakes: int | None = 16
-    # Priority classes and a fair share between tenants on top of schedule_policy
-    # (scheduler/policy.py FairPolicy): interactive requests go first and may take a batch
-    # request's running slot; tenants take turns. With one tenant and one class it orders
-    # exactly as schedule_policy alone. False: schedule_policy alone (the baseline).
-    fair_scheduling: bool = True
-    # The KV cache's stored dtype: "auto" (the model's), "int8" or "fp8" (e4m3), each row
-    # of head_dim values as 8-bit codes plus one fp32 scale per (token, head), so the same
-    # memory holds ~3.8x the tokens (fp32 model, head_dim 64). fp8 needs a CUDA device with
-    # fp8 (compute capability >= 8.9); on the CPU it is stored as fp8 and computed in fp32
-    # (no CPU has fp8 arithmetic; the memory saving is the same as int8's).
-    kv_cache_dtype: KVCacheDtype = "auto"
-    speculation: bool = True  # draft sources for constrained spans (when available)
-    # A forward pass's fixed cost in token rows: F in the break-even acceptance rate
-    # B / (F + B) that prompt-lookup drafts must beat with B requests decoding. None: 16 on
-    # the CPU (a batch-1 decode step there costs ~16 extra rows: 46 ms vs 2.6 ms a row),
-    # 256 on CUDA (a pass's cost is flat until a few hundred rows).
-    spec_fixed_cost_rows: float | None = None
-    grammar_backend: str = "auto"  # constrained decoding engine ("auto" = best per kind)
-    grammar_timeout_s: float = 30.0  # bound on one grammar compilation (then ConstraintError)
-    # Bound on a constraint's source (schema JSON, regex, Lark). Real schemas reach ~0.9 MB
-    # (JSONSchemaBench's Kubernetes ones), so 2 MiB; the compile timeout bounds the rest.
-    grammar_max_bytes: int = 2 * 1024 * 1024
-    seed: int = 0  # seed of the engine's generator for requests without their own seed
-    # CPU fp32: reorder every linear weight once for oneDNN (2-3x faster decode matmuls;
-    # False: plain F.linear, the baseline). Ignored on CUDA and without oneDNN.
-    prepack_weights: bool = True
-    # How the model's weights are held (runtime/model/quant.py): "fp32" (the checkpoint's
-    # weights in ``dtype``), "int8" (per channel), "int4" (groups of 32), "gguf" (a GGUF
-    # model's own Q4_0/Q4_1/Q8_0 blocks, not dequantized), or "auto" (see
-    # ``engine_setup.resolve_weights``). Quantized weights compute in fp32.
-    weights: WeightFormat = "auto"
-    # CPU, block-quantized weights: a step that only decodes runs as one native call, the
-    # whole forward pass in one OpenMP region (kernels/cpu/decode_step.c), instead of
-    # ~12 kernel calls a layer. False: the layer-by-layer path (the baseline and reference).
-    # Ignored where it does not apply (fp32 weights, CUDA, no C compiler).
-    fused_decode: bool = True
-    num_threads: int | None = None  # torch CPU threads; None: torch's default
-    # Once loaded, move every live Python object into the GC's permanent generation: a full
-    # collection otherwise scans them all (~180 ms with transformers imported, measured),
-    # a stall of a whole step at random. Process-wide, like vLLM's engine core does.
-    freeze_gc: bool = True
-    debug: bool = False  # run integrity checks whenever the engine goes idle
-    # Tensor parallelism (runtime/tensor_parallel.py): ranks (one process each) that split
-    # every layer; torch.distributed over gloo on the CPU, NCCL on CUDA.
-    tensor_parallel_size: int = 1
-    nnodes: int = 1  # machines the ranks span (tensor_parallel_size / nnodes ranks each)
-    node_rank: int = 0  # this machine's index; 0 runs the engine, the others only ranks
-    dist_init_addr: str | None = None  # "host:port" of node 0's rendezvous; None: a free local port
-    dist_timeout_s: float = 60.0  # a collective waiting longer than this fails (a dead rank)
+    model: str = setting("default", "the model: 'default' (the embedded SmolLM2-135M-Instruct), an HF "
+                         "directory (config.json, *.safetensors, tokenizer.json) or a .gguf file")
+    device: str = setting("auto", "'auto' (cuda if available), 'cpu', 'cuda', 'cuda:1', ...")
+    dtype: str = setting("auto", "compute dtype: 'auto' (float32 on the CPU, bfloat16 on CUDA), "
+                         "'float32', 'float16' or 'bfloat16'")
+    max_model_len: int | None = setting(None, "tokens per request, prompt and output together "
+                                        "(default: the model's context length)")
+    page_size: int = setting(1, "tokens per KV-cache page")
+    num_pages: int | None = setting(None, "KV pool size in pages (default: derived from --mem-fraction)")
+    mem_fraction: float | None = setting(
+        None, f"share of free memory given to the KV pool when --num-pages is not given (default "
+        f"{DEFAULT_MEM_FRACTION}); giving both is refused, as one would be ignored")
+    max_running_requests: int = setting(256, "cap on the requests in the running batch")
+    max_prefill_tokens: int = setting(2048, "prefill token budget of a step in which nothing decodes")
+    # NOTE: on the CPU a step's cost grows with every row, so small chunks keep running
+    # streams' inter-token latency near their pace alone; on CUDA it stays flat for a few
+    # hundred rows (docs/benchmarks.md, chunked prefill).
+    chunked_prefill_size: int | None = setting(
+        None, "prefill tokens per step while other requests decode, so long prompts advance in "
+        "chunks and running streams keep their pace (default: 16 on the CPU, 512 on CUDA)")
+    decode_reserve_tokens: int = setting(16, "KV tokens reserved per running request at admission")
+    disable_prefix_cache: bool = setting(False, "use the do-nothing cache instead of the radix tree "
+                                         "(the baseline for prefix-reuse measurements)")
+    schedule_policy: SchedulePolicy = setting("lpm", "order of the waiting queue: 'lpm' (longest "
+                                              "cached prefix first) or 'fcfs'")
+    lpm_max_overtakes: int | None = setting(
+        16, "LPM aging: once this many later arrivals were admitted ahead of a waiting request, it "
+        "goes first; none: no bound (a cache-cold request can starve)")
+    fair_scheduling: bool = setting(
+        True, "priority classes (interactive before batch, which may yield its running slot) and a "
+        "fair share between tenants on top of --schedule-policy; with one tenant and one class it "
+        "orders exactly as the policy alone")
+    kv_cache_dtype: KVCacheDtype = setting(
+        "auto", "the KV cache's stored dtype: 'auto' (the model's), 'int8' or 'fp8' (e4m3): rows of "
+        "head_dim 8-bit codes plus one fp32 scale per (token, head), ~3.8x the tokens in the same "
+        "memory for an fp32 model; fp8 is computed in fp32 on the CPU")
+    speculation: bool = setting(True, "speculative decoding: forced spans of constrained output and "
+                                "prompt-lookup drafts, verified exactly (the output never changes)")
+    spec_fixed_cost_rows: float | None = setting(
+        None, "a forward pass's fixed cost in token rows, F in the break-even acceptance rate "
+        "B / (F + B) that prompt-lookup drafts must beat with B requests decoding (default: 16 on "
+        "the CPU, 256 on CUDA)")
+    grammar_backend: str = setting("auto", "constrained-decoding engine: 'auto' (the best per kind), "
+                                   "'llguidance', 'outlines' or 'xgrammar'")
+    grammar_timeout_s: float = setting(30.0, "bound on one grammar compilation in seconds (then a "
+                                       "ConstraintError)")
+    # NOTE: real schemas reach ~0.9 MB (JSONSchemaBench's Kubernetes ones); the compile
+    # timeout bounds the rest.
+    grammar_max_bytes: int = setting(2 * 1024 * 1024, "bound on a constraint's source (schema JSON, "
+                                     "regex, Lark) in bytes")
+    seed: int = setting(0, "seed of the engine's generator for requests without their own seed")
+    prepack_weights: bool = setting(True, "CPU fp32: reorder every linear weight once for oneDNN "
+                                    "(no-: plain F.linear, the baseline); ignored on CUDA")
+    weights: WeightFormat = setting(
+        "auto", "how the weights are held: 'fp32' (the checkpoint in --dtype), 'int8' (per channel), "
+        "'int4' (groups of 32), 'gguf' (a GGUF file's own blocks, not dequantized) or 'auto' "
+        "(see docs/models.md)")
+    fused_decode: bool = setting(
+        True, "CPU, block-quantized weights: a step that only decodes runs as one native call "
+        "(kernels/cpu/decode_step.c) instead of layer by layer (no-: the reference path)")
+    num_threads: int | None = setting(None, "torch CPU threads (default: torch's)")
+    # NOTE: a full collection otherwise scans every live object (transformers' among them),
+    # a stall of a whole step at random; process-wide, as vLLM's engine core does.
+    freeze_gc: bool = setting(True, "once loaded, move every live Python object into the garbage "
+                              "collector's permanent generation")
+    debug: bool = setting(False, "run the cache and scheduler integrity checks whenever the engine "
+                          "goes idle")
+    tensor_parallel_size: int = setting(1, "tensor-parallel ranks (one process each) that split every "
+                                        "layer; gloo on the CPU, NCCL on CUDA")
+    nnodes: int = setting(1, "machines the ranks span (--tensor-parallel-size / --nnodes ranks each)")
+    node_rank: int = setting(0, "this machine's index; 0 runs the engine, the others only ranks")
+    dist_init_addr: str | None = setting(None, "host:port of node 0's rendezvous (default: a free "
+                                         "local port)")
+    dist_timeout_s: float = setting(60.0, "a collective waiting longer than this many seconds fails "
+                                    "(a dead rank)")
 
     def __post_init__(self) -> None:
         def positive(name: str) -> None:

@@ -36,7 +36,8 @@ def add_router_flags(parser: argparse.ArgumentParser) -> None:
     """Routing and health flags (``arbor router`` and ``arbor serve --dp``)."""
     p, h = PolicyConfig(), HealthConfig()
     group = parser.add_argument_group("router settings")
-    group.add_argument("--router-policy", choices=POLICY_NAMES, default=p.policy)
+    group.add_argument("--router-policy", choices=POLICY_NAMES, default=p.policy,
+                       help=f"how a worker is chosen for a request (default {p.policy})")
     group.add_argument("--cache-threshold", type=float, default=p.cache_threshold,
                        help="share of a request's prefix a worker must hold to be chosen for it")
     group.add_argument("--balance-abs-threshold", type=int, default=p.balance_abs_threshold,
@@ -57,12 +58,14 @@ def add_router_command(sub: argparse._SubParsersAction) -> None:  # type: ignore
     cmd = sub.add_parser("router", help="route requests over running `arbor serve` workers")
     cmd.add_argument("--workers", nargs="+", required=True, metavar="URL",
                      help="base URLs of the workers, e.g. http://10.0.0.2:30000")
-    cmd.add_argument("--host", default="127.0.0.1")
-    cmd.add_argument("--port", type=int, default=30000)
+    cmd.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    cmd.add_argument("--port", type=int, default=30000, help="port to listen on (default 30000)")
     cmd.add_argument("--api-key", default=None,
                      help="require 'Authorization: Bearer <key>' (relayed to the workers)")
-    cmd.add_argument("--max-body-bytes", type=int, default=None)
-    cmd.add_argument("--log-level", default="info")
+    cmd.add_argument("--max-body-bytes", type=int, default=None,
+                     help="largest request body accepted; beyond, 413 (default: no bound)")
+    cmd.add_argument("--log-level", default="info",
+                     help="uvicorn and arbor log level: debug, info, warning, error (default info)")
     add_router_flags(cmd)
     cmd.set_defaults(func=run_router)
 

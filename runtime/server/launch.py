@@ -15,28 +15,38 @@ log = logging.getLogger("arbor.server")
 def add_server_flags(parser: argparse.ArgumentParser) -> None:
     """Transport flags of ``arbor serve`` (engine settings are added separately)."""
     group = parser.add_argument_group("server settings")
-    group.add_argument("--host", default="127.0.0.1")
-    group.add_argument("--port", type=int, default=30000)
+    group.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    group.add_argument("--port", type=int, default=30000, help="port to listen on (default 30000)")
     group.add_argument("--api-key", default=None,
                        help="require 'Authorization: Bearer <key>' on every route but /health")
     group.add_argument("--programs", default=None,
                        help="Python file whose @program objects clients may run")
     group.add_argument("--served-model-name", default=None, nargs="+",
                        help="the model id(s) of /v1/models; a request's model must be one (else 404)")
-    group.add_argument("--log-level", default="info")
+    group.add_argument("--log-level", default="info",
+                       help="uvicorn and arbor log level: debug, info, warning, error (default info)")
     # NOTE: longer than clients keep idle pooled connections (httpx 5 s, aiohttp 15 s): at
     # uvicorn's 5 s the server closes a connection just as a client reuses it, and that
     # request dies with a reset (the soak test lost a /generate that way).
     group.add_argument("--timeout-keep-alive", type=int, default=75,
                        help="seconds an idle HTTP connection stays open (default 75)")
     defaults = ServerLimits()
-    group.add_argument("--max-inflight", type=int, default=defaults.max_inflight)
-    group.add_argument("--max-waiting", type=int, default=defaults.max_waiting)
-    group.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes)
+    group.add_argument("--max-inflight", type=int, default=defaults.max_inflight,
+                       help="requests the engine holds at once; beyond, requests wait "
+                            f"(default {defaults.max_inflight})")
+    group.add_argument("--max-waiting", type=int, default=defaults.max_waiting,
+                       help="requests that may wait for a slot; beyond, 429 with Retry-After "
+                            f"(default {defaults.max_waiting})")
+    group.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes,
+                       help=f"largest request body accepted; beyond, 413 (default {defaults.max_body_bytes})")
     group.add_argument("--max-tokens-limit", type=int, default=defaults.max_tokens,
                        help="cap on the tokens one request may ask for")
-    group.add_argument("--default-max-tokens", type=int, default=defaults.default_max_tokens)
-    group.add_argument("--request-timeout", type=float, default=defaults.request_timeout_s)
+    group.add_argument("--default-max-tokens", type=int, default=defaults.default_max_tokens,
+                       help="tokens generated when a request does not say "
+                            f"(default {defaults.default_max_tokens})")
+    group.add_argument("--request-timeout", type=float, default=defaults.request_timeout_s,
+                       help="seconds a request or program run may take before it is aborted "
+                            f"(default {defaults.request_timeout_s})")
     group.add_argument("--max-prompt-tokens", type=int, default=defaults.max_prompt_tokens,
                        help="prompt tokens of one request (default: the model's context)")
     group.add_argument("--tenant-max-concurrent", type=int, default=defaults.tenant_max_concurrent,
