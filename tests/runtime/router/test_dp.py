@@ -175,7 +175,10 @@ def test_killing_a_worker_under_load(dp: dict[str, Any]) -> None:
     v, survivor = dp["workers"].index(victim), dp["workers"][1 - dp["workers"].index(victim)]
     with ThreadPoolExecutor(16) as pool:
         futures = [pool.submit(guarded, i) for i in range(16)]
-        time.sleep(1.0)
+        deadline = time.monotonic() + 30  # kill once the victim certainly holds requests in flight
+        while running(victim) == 0:
+            assert time.monotonic() < deadline, "no request reached the victim"
+            time.sleep(0.02)
         os.kill(worker_pid(victim), signal.SIGKILL)
         outcomes = [f.result(timeout=90) for f in futures]
     assert all(kind in ("ok", "error") for kind, _ in outcomes), outcomes

@@ -40,16 +40,18 @@ def test_ui_needs_the_key_and_a_login_sets_a_cookie_for_ui_paths_only(server: An
 
 
 def test_live_figures_report_engine_state(http: Any, idle_engine: Any) -> None:
+    before = http.get("/ui/api/live").json()  # NOTE: the app is shared: count what this test adds
     assert http.post("/generate", json={"text": "Hello there", "sampling_params": {
         "max_new_tokens": 4, "temperature": 0, "ignore_eos": True}}).status_code == 200
     live = http.get("/ui/api/live").json()
     kv = live["kv_pages"]
     assert kv["used"] + kv["evictable"] + kv["free"] == kv["total"] > 0
     assert kv["evictable"] > 0  # the finished request's prefix stays cached
-    assert live["requests"]["running"] == 0 and live["requests"]["finished"] >= 1
-    ttft = live["latency"]["60s"]["ttft"]
-    assert ttft["count"] >= 1 and 0 < ttft["p50"] <= ttft["p95"] <= ttft["p99"]
-    assert live["latency"]["60s"]["itl"]["count"] >= 3
+    assert live["requests"]["running"] == 0
+    assert live["requests"]["finished"] - before["requests"]["finished"] == 1
+    ttft, old_ttft = live["latency"]["60s"]["ttft"], before["latency"]["60s"]["ttft"]
+    assert ttft["count"] - old_ttft["count"] == 1 and 0 < ttft["p50"] <= ttft["p95"] <= ttft["p99"]
+    assert live["latency"]["60s"]["itl"]["count"] - before["latency"]["60s"]["itl"]["count"] == 3
     assert set(live["programs"]) == {"qa", "two_steps", "long_story", "fan_out"}
     assert 0 <= live["prefix_cache"]["hit_rate"] <= 1
 
@@ -113,15 +115,17 @@ def test_the_ui_runs_programs_with_the_cookie(server: Any) -> None:
 
 def test_latency_histograms_carry_prompt_bucket_and_tenant(http: Any) -> None:
     request = {"model": "m", "prompt": "Hi", "max_tokens": 2, "temperature": 0}
+
+    def counts() -> list[float]:
+        got = samples(http.get("/metrics").text)
+        keys = [(("endpoint", "completions"), ("prompt_bucket", "0-128"), ("tenant", tenant))
+                for tenant in ("acme", "globex")]
+        return [got.get(("arbor_time_to_first_token_seconds_count", key), 0.0) for key in keys]
+
+    before = counts()  # NOTE: the app is shared: count what this test adds
     assert http.post("/v1/completions", json={**request, "user": "acme"}).status_code == 200
     assert http.post("/v1/completions", json=request, headers={"X-Tenant": "globex"}).status_code == 200
-    got = samples(http.get("/metrics").text)
-
-    def count(tenant: str) -> float:
-        key = (("endpoint", "completions"), ("prompt_bucket", "0-128"), ("tenant", tenant))
-        return got.get(("arbor_time_to_first_token_seconds_count", key), 0.0)
-
-    assert count("acme") >= 1 and count("globex") >= 1
+    assert [a - b for a, b in zip(counts(), before, strict=True)] == [1, 1]
 
 
 def test_tenant_rule_and_bounded_labels() -> None:
