@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import shlex
 import statistics
@@ -11,7 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+# NOTE: tests that run a benchmark point this elsewhere (tests/conftest.py), so the saved
+# results (rendered into docs/benchmarks.md by benchmarks/report.py) are real runs only.
+RESULTS = Path(os.environ.get("ARBOR_BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
 
 
 def reproduce_line() -> str:
@@ -46,9 +49,51 @@ def load_average() -> str:
         return "n/a"
 
 
+def cpu_description() -> dict[str, Any]:
+    """The CPU a figure holds for: model name, family/model, the vector extensions the
+    kernels choose between, and the cores this process may use."""
+    info: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    flags = set(info.get("flags", "").split())
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
+    return {"model": info.get("model name", platform.processor() or "unknown"),
+            "family_model": f"{info.get('cpu family', '?')}/{info.get('model', '?')}",
+            "flags": [f for f in wanted if f in flags], "cores": len(os.sched_getaffinity(0))}
+
+
+def versions() -> dict[str, str]:
+    import subprocess
+
+    out = {"python": platform.python_version()}
+    try:
+        import torch
+
+        out["torch"] = torch.__version__
+    except ImportError:
+        pass
+    try:
+        root = Path(__file__).resolve().parents[1]
+        out["arbor"] = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                                      capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
+
+
 def save_result(name: str, payload: dict[str, Any]) -> Path:
+    """Write ``results/<name>.json``: the payload plus the machine, versions, date and the
+    command that reproduces it (what ``benchmarks/report.py`` puts in docs/benchmarks.md).
+    A payload may carry ``title``, ``summary`` (lines), ``rows`` (a list of dicts: a table)
+    and ``plots`` (image paths relative to the results folder)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    payload = {"machine": platform.platform(), "loadavg": load_average(), **payload}
+    payload = {"command": reproduce_line().removeprefix("reproduce: "),
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.platform(),
+               "cpu": cpu_description(), "versions": versions(), "loadavg": load_average(), **payload}
     path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps(payload, indent=2))
+    path.write_text(json.dumps(payload, indent=2, default=str))
     return path

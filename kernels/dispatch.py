@@ -245,33 +245,25 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
         reference.apply_rotary(x, cos, sin)
 
 
-# Batch sizes the C kernel takes on the CPU. Its AVX-512 VNNI path, whose tiles meet 4
-# activation rows x 2 weight rows at a time, is as fast as dequantizing the weight and
-# running fp32 F.linear at 1,024 rows and faster below (measured, 2 threads, load ~1:
-# 3072x576 weight 0.47 / 3.5 / 12.7 / 24.7 ms at 16 / 128 / 512 / 1,024 rows against
-# 2.6 / 5.6 / 22.4 / 32.2 ms). Without VNNI the integer dot product has no more throughput
-# than an fp32 FMA (AVX2: vpmaddubsw + vpmaddwd share one multiply pipe), and above 64 rows
-# the C dequantize (one pass) + fp32 F.linear wins (Zen 1-class EPYC, 2 threads, int8 / Q4
-# kernel against it: 3072x576 10.9 / 13.5 ms at 64 rows, 12.5 / 12.0 at 128, 21.3 / 18.1
-# at 256; 576x1536 5.5 / 5.6, 5.7 / 4.5, 11.0 / 8.0), so larger batches there dequantize.
+# Batch sizes the C kernel takes on the CPU (figures: docs/benchmarks.md#quant_kernel_crossover,
+# from benchmarks/bench_quant_linear.py). Its AVX-512 VNNI path is as fast as dequantizing
+# the weight for an fp32 F.linear at 1,024 rows and faster below. Without VNNI the integer
+# dot product has no more throughput than an fp32 FMA (AVX2: vpmaddubsw + vpmaddwd share
+# one multiply pipe), and above 64 rows the C dequantize (one pass) + fp32 F.linear wins,
+# so larger batches there dequantize.
 QUANT_KERNEL_MAX_ROWS_WITHOUT_AVX512 = 64
 # Where the CPU has AVX512_BF16, oneDNN's bf16 matmul does two multiply-adds per lane and
 # instruction at full rate; the kernel's int8 blocks cost a convert and a multiply-add each,
 # and a multiply more for a per-block weight scale. From QUANT_BF16_MIN_ROWS rows on (a
 # weight with one scale per row: QUANT_BF16_MIN_ROWS_PER_ROW) the weight dequantized to
-# bf16 in one C pass + that matmul wins, 2-4x at prefill sizes (2-core Zen 5 EPYC, 2
-# threads, kernel against it: Q4 3072x576 0.30 / 0.26 ms at 16 rows, 0.45 / 0.27 at 32,
-# 20.5 / 5.1 at 1,024; int8 per channel 0.28 / 0.26 at 32, 0.68 / 0.41 at 64, 10.6 / 5.0 at
-# 1,024). A bf16 copy over glibc's largest mmap threshold (32 MiB: the 49152x576 LM head)
-# is a fresh mapping each call, its page faults cost ~20 ms, so such a weight waits for
-# QUANT_BF16_MIN_ROWS_LARGE rows (10.3 / 30.1 ms at 32 rows, 110 / 74 at 256).
+# bf16 in one C pass + that matmul wins for weights in the row layout. A bf16 copy over
+# glibc's largest mmap threshold (32 MiB: the 49152x576 LM head) is a fresh mapping each
+# call whose page faults cost more than the matmul saves at small batches, so such a
+# weight waits for QUANT_BF16_MIN_ROWS_LARGE rows.
 # A tiled weight (AVX-512 VNNI; reference.quant.tile) takes the kernel at every batch: 16
 # outputs a vpdpbusd, no horizontal sums, a convert and a multiply-add per 32 inputs of 16
-# rows. ``benchmarks/bench_quant_linear.py`` on a 2-core Zen 4 EPYC (AVX512_BF16), 2 threads,
-# the default model's shapes, the tiled kernel is 1.2-3.8x the row-layout kernel at every
-# size (1 to 1,024 rows) and 1.3-7.6x the bf16 path at 32 and 256 rows, 0.93-1.6x at 1,024
-# (the one loss: the int8 960x576 q/k/v, 5.7 against 5.3 ms); e.g. tiled / rows / bf16,
-# int8 3072x576 at 32 rows 0.33 / 0.68 / 0.86 ms, Q4 3072x576 at 1,024 8.0 / 30.7 / 11.2.
+# rows; on the default model's shapes it beats both the row-layout kernel and the bf16
+# path at almost every size.
 QUANT_BF16_MIN_ROWS = 32
 QUANT_BF16_MIN_ROWS_PER_ROW = 64
 QUANT_BF16_MIN_ROWS_LARGE = 256

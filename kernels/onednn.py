@@ -6,14 +6,9 @@ machine's memory bandwidth. oneDNN can reorder a weight once, at load, into the 
 layout its kernels stream fastest; each call then reads that layout directly. This is what
 ``torch.compile``'s CPU freezing pass does for linears, without compiling anything.
 
-Measured on the 2-core AMD EPYC CI machine, fp32, one call (``benchmarks/bench_linear.py``;
-end to end: ``benchmarks/bench_offline.py --no-prepack`` is the baseline):
-
-    weight        rows   F.linear   prepacked
-    49152 x 576      1    11.3 ms     4.1 ms     (the tied LM head)
-    49152 x 576     32    28.5 ms    10.9 ms
-     3072 x 576     32     1.3 ms     0.7 ms     (fused gate/up)
-      576 x 1536  2048    19.3 ms    16.9 ms     (a prefill chunk)
+On this CPU the prepacked weight is faster than ``F.linear`` on every shape of the default
+model, most at few rows (``benchmarks/bench_linear.py``;
+docs/benchmarks.md#onednn_linear).
 
 Results equal ``F.linear`` up to fp32 summation order (relative ~1e-6).
 """

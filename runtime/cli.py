@@ -41,7 +41,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine settings")
     for f in dataclasses.fields(EngineConfig):
         flags = ["--" + f.name.replace("_", "-"), *_ALIASES.get(f.name, ())]
-        help_text = f.metadata["help"]
+        help_text = f.metadata.get("help", "")  # NOTE: tests/runtime/test_cli.py requires one
         if hints[f.name] is bool:
             group.add_argument(*flags, action=argparse.BooleanOptionalAction, default=f.default,
                                help=help_text)

@@ -128,9 +128,8 @@ def on_own_thread(fn: Callable[[], T]) -> T:
     long as that thread lives, and once it manages more threads than there are CPUs it
     lets waiting threads spin only ~1000 times before they sleep, so every parallel region
     of the engine thread then pays a futex wake. Left to the caller's (long-lived) thread,
-    the load's team did exactly that: batch-1 decode of the default model with GGUF
-    weights on the layer-by-layer path ran at 43.5 tok/s instead of 77.6, fp32 at batch 32
-    at 375 instead of 435 (measured, 2 threads). A team of a thread that ends is freed.
+    the load's team did exactly that, and decode slowed by up to half
+    (docs/benchmarks.md#openmp_team_per_thread). A team of a thread that ends is freed.
     """
     box: dict[str, Any] = {}
 

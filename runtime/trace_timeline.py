@@ -8,7 +8,7 @@ node is a bar from its start to its end on a shared time axis; gen and tool-call
 carry a strip along their bottom edge split by the prompt's cached share (shaded) and
 computed share, so the prefix reuse of a fork's branches is visible at a glance.
 
-    label column | 0 ms        50 ms        100 ms
+    label column | 0           50           100   (time, ms)
     stream 0     | [text][gen a ][fork]               [join]
       branch 1   |                   [text][gen b    ]
       branch 2   |                   [text][gen b  ]

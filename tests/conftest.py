@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,10 @@ if str(REPO_ROOT) not in sys.path:
 # runs through the interpreter, so set it before anything can import Triton.
 if os.environ.get("CUDA_VISIBLE_DEVICES", None) != "" and not os.path.exists("/dev/nvidia0"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# NOTE: benchmarks run by tests save their results here, not in benchmarks/results/, whose
+# files are real runs rendered into docs/benchmarks.md.
+os.environ.setdefault("ARBOR_BENCH_RESULTS", tempfile.mkdtemp(prefix="arbor-bench-results-"))
 
 from runtime.model.default_model import default_model_dir  # noqa: E402
 

@@ -37,8 +37,8 @@ def mask_logits(logits: torch.Tensor, matchers: Sequence[GrammarMatcher | None])
 def _apply(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
     """Mask in place; unconstrained rows have all bits set, so masking every row is exact.
 
-    NOTE: llguidance's in-place kernel is ~35x faster than unpacking bits with torch ops
-    on the CPU (0.46 ms vs 16 ms at [32, 49152], 1 thread).
+    NOTE: llguidance's in-place kernel, because unpacking bits with torch ops costs an
+    order of magnitude more on the CPU (docs/benchmarks.md#bitmask_apply).
     """
     if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous():
         import llguidance.torch

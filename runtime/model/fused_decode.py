@@ -1,8 +1,8 @@
 """Decode-only steps of a model with block-quantized weights as one native call.
 
 On the CPU, a batch-1 decode step of the default model spent more time between the
-matmuls (Python, dispatch, OpenMP fork/join, ~12 kernels a layer) than in them: 23 ms a
-step, 8.7 ms of it in the linears (measured, GGUF weights, 2 threads). The fused step
+matmuls (Python, dispatch, OpenMP fork/join, ~12 kernels a layer) than in them
+(docs/benchmarks.md#fused_decode_motivation). The fused step
 (``kernels/cpu/decode_step.c``) runs the whole forward pass in one OpenMP region with the
 same arithmetic; the layer-by-layer model stays the reference, the path for every batch
 that prefills or verifies, and the path for models the step does not take.

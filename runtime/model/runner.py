@@ -16,10 +16,9 @@ from runtime.model.llama import LlamaForCausalLM
 from runtime.scheduler.batch import ForwardBatch, ForwardSeq
 
 # Attention reads a shared prefix once per group when that saves gathering at least this
-# many tokens' K/V per layer. A group costs one more SDPA call and a merge per layer
-# (~0.15 ms on the CPU); a gathered token costs ~0.2 µs. Measured, batch-32 decode of
-# 128-token prompts in small overlapping groups: 148 ms a step at 256, 102 ms at 1024,
-# 99 ms at 4096; 16 requests on one 512-token prefix (7,680 tokens saved) gain 20%.
+# many tokens' K/V per layer: a group costs one more SDPA call and a merge per layer, worth
+# hundreds of gathered tokens, and small overlapping groups below this saving made decode
+# slower (docs/benchmarks.md#shared_prefix_attention_threshold).
 MIN_SHARED_SAVING_TOKENS = 1024
 
 

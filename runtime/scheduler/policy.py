@@ -57,9 +57,7 @@ class LongestPrefixMatchPolicy(SchedulePolicy):
     ``max_overtakes`` later arrivals have been admitted ahead of a waiting request
     (``Request.num_overtaken``), it goes before every request that has not waited that
     long, oldest first. Without it (None) a cache-cold request waits as long as cache-hot
-    ones keep arriving (measured, the load test's 200 mixed requests on the tiny model with
-    an in-process client: the coldest waited 15.6 s for its first token, overtaken by 81
-    later arrivals; with a bound of 16, 9.4 s and 16).
+    ones keep arriving (docs/benchmarks.md#lpm_aging).
     """
 
     def __init__(self, max_overtakes: int | None = DEFAULT_MAX_OVERTAKES) -> None:
