@@ -7,7 +7,6 @@ states (``branches += gen(...)`` broadcasts it).
 
 from __future__ import annotations
 
-import inspect
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -17,6 +16,17 @@ from typing import TYPE_CHECKING, Any
 import grammars
 from frontend_dsl.backend import GenParams
 from frontend_dsl.errors import ProgramDefinitionError
+from frontend_dsl.gen_options import (
+    DEFAULT_TOOL_RESULT_PREFIX,
+    ChoiceOptions,
+    ConstraintOptions,
+    GenOptions,
+    LogprobOptions,
+    SamplingOptions,
+    StopOptions,
+    ToolOptions,
+    str_tuple,
+)
 from frontend_dsl.output_constraint import make_constraint
 
 if TYPE_CHECKING:
@@ -153,7 +163,7 @@ def gen(
     top_logprobs_num: int | None = None,
     logprob_start_len: int | None = None,
     tools: Sequence[Tool] | None = None,
-    tool_result_prefix: str = "\nObservation: ",
+    tool_result_prefix: str = DEFAULT_TOOL_RESULT_PREFIX,
     speculation: bool = True,
     token_healing: bool = False,
 ) -> Expr:
@@ -209,59 +219,88 @@ def gen(
     Raises:
         ProgramDefinitionError: conflicting or inapplicable arguments.
     """
-    if choices is not None:
-        if any(v is not None for v in (regex, json_schema, grammar, dtype)) or tools:
-            raise ProgramDefinitionError("choices= cannot be combined with other constraints")
-        unused = _changed_from_defaults(
-            max_tokens=max_tokens, stop=stop, top_p=top_p, top_k=top_k, min_p=min_p,
-            return_logprob=return_logprob, speculation=speculation, n=n,
-            tool_result_prefix=tool_result_prefix, stop_token_ids=stop_token_ids,
-            stop_regex=stop_regex, ignore_eos=ignore_eos, min_tokens=min_tokens,
-            frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-            repetition_penalty=repetition_penalty, top_logprobs_num=top_logprobs_num,
-            logprob_start_len=logprob_start_len, token_healing=token_healing)
-        if unused:
-            raise ProgramDefinitionError(
-                f"choices= makes this a select, which scores the choices and samples nothing: "
-                f"{', '.join(unused)} would do nothing")
-        return select(name, choices, choices_method or "token_length_normalized",
-                      temperature=temperature or 0.0, seed=seed)
-    if choices_method is not None:
+    options = GenOptions(
+        sampling=SamplingOptions(max_tokens, temperature, top_p, top_k, min_p, seed, frequency_penalty,
+                                 presence_penalty, repetition_penalty),
+        stopping=StopOptions(str_tuple(stop), None if stop_token_ids is None else tuple(stop_token_ids),
+                             str_tuple(stop_regex), ignore_eos, min_tokens),
+        logprobs=LogprobOptions(return_logprob, top_logprobs_num, logprob_start_len),
+        constraint=ConstraintOptions(regex, json_schema, grammar, dtype, strict, json_bounds),
+        choice=ChoiceOptions(None if choices is None else tuple(choices), choices_method),
+        tool=ToolOptions(tuple(tools or ()), tool_result_prefix),
+        n=n, speculation=speculation, token_healing=token_healing)
+    return gen_from_options(name, options)
+
+
+def gen_from_options(name: str | None, options: GenOptions) -> Expr:
+    """The expression of a ``gen`` call whose settings are grouped in ``options``: a
+    ``Select`` when it has choices, else a ``Gen`` (see ``gen`` for the rules)."""
+    if options.choice.choices is not None:
+        return _select_instead(name, options)
+    if options.choice.method is not None:
         raise ProgramDefinitionError("choices_method= applies only with choices=")
-    if not tools and _changed_from_defaults(tool_result_prefix=tool_result_prefix):
+    if not options.tool.tools and options.tool.given():
         raise ProgramDefinitionError("tool_result_prefix= applies only with tools=")
-    dtype_name = _dtype_name(dtype)
+    dtype_name = _dtype_name(options.constraint.dtype)
+    params = _gen_params(options, dtype_name)
+    _check_combinations(name, options, params)
+    inherit = frozenset(k for k, v in options.inheritable().items() if v is None)
+    return Gen(name, params, options.tool.tools, options.tool.result_prefix, inherit, dtype_name,
+               1 if options.n is None else options.n, token_healing=options.token_healing)
+
+
+def _select_instead(name: str | None, options: GenOptions) -> Expr:
+    """``choices=``: a select, which scores the choices and samples nothing, so every
+    setting but ``temperature`` and ``seed`` would do nothing and is refused."""
+    if options.constraint.kinds() or options.tool.tools:
+        raise ProgramDefinitionError("choices= cannot be combined with other constraints")
+    sampling = options.sampling
+    unused = [*(k for k in sampling.given() if k not in ("temperature", "seed")),
+              *options.stopping.given(), *options.logprobs.given(), *options.tool.given(),
+              *(["n"] if options.n is not None else []), *(["speculation"] if not options.speculation else []),
+              *(["token_healing"] if options.token_healing else [])]
+    if unused:
+        names = [_KEYWORD.get(k, k) for k in unused]
+        raise ProgramDefinitionError(
+            f"choices= makes this a select, which scores the choices and samples nothing: "
+            f"{', '.join(names)} would do nothing")
+    assert options.choice.choices is not None
+    return select(name, options.choice.choices, options.choice.method or "token_length_normalized",
+                  temperature=sampling.temperature or 0.0, seed=sampling.seed)
+
+
+# NOTE: option fields whose gen() keyword differs (for error messages)
+_KEYWORD = {"result_prefix": "tool_result_prefix"}
+
+
+def _gen_params(options: GenOptions, dtype_name: str | None) -> GenParams:
+    constraint = options.constraint
+    regex = constraint.regex
     if dtype_name is not None:
-        if any(v is not None for v in (regex, json_schema, grammar)):
+        if len(constraint.kinds()) > 1:
             raise ProgramDefinitionError("dtype= sets its own constraint; drop regex/json_schema/grammar")
         regex = DTYPES[dtype_name][0]
-    if (top_logprobs_num or logprob_start_len is not None) and return_logprob is None:
-        return_logprob = True
-    given: dict[str, Any] = {"max_tokens": max_tokens, "stop": None if stop is None else _str_tuple(stop),
-             "temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
-             "seed": seed, "stop_token_ids": None if stop_token_ids is None else tuple(stop_token_ids),
-             "stop_regex": None if stop_regex is None else _str_tuple(stop_regex),
-             "ignore_eos": ignore_eos, "min_tokens": min_tokens,
-             "frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty,
-             "repetition_penalty": repetition_penalty, "return_logprob": return_logprob,
-             "top_logprobs_num": top_logprobs_num, "logprob_start_len": logprob_start_len}
+    settings = {**options.inheritable(), **vars(options.logprobs.resolved())}
     params = GenParams(
-        constraint=make_constraint(regex, json_schema, grammar, strict, json_bounds),
-        speculation=speculation, **{k: v for k, v in given.items() if v is not None})
+        constraint=make_constraint(regex, constraint.json_schema, constraint.grammar, constraint.strict,
+                                   constraint.json_bounds),
+        speculation=options.speculation, **{k: v for k, v in settings.items() if v is not None})
     check_params(params)
-    if tools and params.constraint is not None:
+    return params
+
+
+def _check_combinations(name: str | None, options: GenOptions, params: GenParams) -> None:
+    if options.tool.tools and params.constraint is not None:
         raise ProgramDefinitionError("tools= sets its own constraint; drop regex/json_schema/grammar")
-    if token_healing and (tools or json_schema is not None or grammar is not None):
+    if options.token_healing and (options.tool.tools or options.constraint.json_schema is not None
+                                  or options.constraint.grammar is not None):
         raise ProgramDefinitionError("token_healing= works with a free or regex/dtype gen, "
                                      "not with json_schema=, grammar= or tools=")
-    num = 1 if n is None else n
+    num = 1 if options.n is None else options.n
     if not isinstance(num, int) or num < 1:
-        raise ProgramDefinitionError(f"n must be an integer >= 1, got {n!r}")
-    if num > 1 and (name is None or tools):
+        raise ProgramDefinitionError(f"n must be an integer >= 1, got {options.n!r}")
+    if num > 1 and (name is None or options.tool.tools):
         raise ProgramDefinitionError("n > 1 needs a variable name and no tools= (its value is the list)")
-    inherit = frozenset(k for k, v in given.items() if v is None)
-    return Gen(name, params, tuple(tools or ()), tool_result_prefix, inherit, dtype_name, num,
-               token_healing=token_healing)
 
 
 def gen_int(name: str | None = None, **kwargs: Any) -> Expr:
@@ -400,13 +439,3 @@ def assistant_begin() -> RoleBegin:
 
 def assistant_end() -> RoleEnd:
     return RoleEnd("assistant")
-
-
-def _changed_from_defaults(**values: Any) -> list[str]:
-    """The names among ``values`` (``gen`` arguments) not at ``gen``'s default."""
-    defaults = inspect.signature(gen).parameters
-    return [name for name, value in values.items() if value != defaults[name].default]
-
-
-def _str_tuple(value: str | Sequence[str]) -> tuple[str, ...]:
-    return (value,) if isinstance(value, str) else tuple(value)
