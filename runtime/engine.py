@@ -90,9 +90,7 @@ class Engine:
             self.runner = BroadcastingRunner(self.model, self.kv, self.device, self._tp)
         self.eos_token_ids = eos_token_ids(loaded.hf_config, self.tokenizer.eos_token_id)
         self.outputs = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len,
-                                       torch.Generator().manual_seed(cfg.seed),
-                                       lambda req, reason: self._core.release(req, reason),
-                                       cfg.spec_fixed_cost_rows)
+                                       torch.Generator().manual_seed(cfg.seed), cfg.spec_fixed_cost_rows)
         self.spec = self.outputs.spec  # speculation counters over all requests
         self._core = EngineCore(self.scheduler, self.runner, self.outputs, cfg.speculation,
                                 debug=cfg.debug or env.debug_enabled())

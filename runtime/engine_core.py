@@ -9,10 +9,12 @@ One step reads like the algorithm (``EngineCore.step``)::
     tokens  = outputs.sample(batch, logits)                  # verify drafts / sample
     scheduler.commit(batch, tokens.num_verified)             # KV bookkeeping
     outputs.emit(tokens)                                     # stop checks, callbacks
+    settle: finished requests leave the scheduler, then their final outputs go out
 
-Each stage has one owner: the scheduler writes pages and positions, the runner only
-reads plain values, the output processor writes tokens and finishes requests (through
-``release``, which hands the request back to the scheduler).
+Each stage has one owner: the scheduler writes pages and positions (and holds the only
+list of live requests), the runner only reads plain values, the output processor writes
+tokens and finishes requests. Data flows one way: a request the processor finished is
+handed to the scheduler by this core (``_settle``), never by a callback.
 
 Locking: ``_cv`` guards the inbox and submission; ``_step_lock`` is held while a step (or
 ``close``) changes engine state. A step takes ``_step_lock`` then ``_cv``, never the
@@ -33,11 +35,10 @@ from concurrent.futures import Future
 import torch
 
 from runtime.constrained import CheckedGrammar
-from runtime.errors import EngineClosedError
+from runtime.errors import EngineClosedError, InvalidRequestError
 from runtime.model.runner import ModelRunner
 from runtime.output.processor import OutputProcessor
 from runtime.output.state import OutputCallback
-from runtime.outputs import FinishReason
 from runtime.request import Request
 from runtime.scheduler.batch import ScheduledBatch
 from runtime.scheduler.scheduler import Scheduler
@@ -77,7 +78,9 @@ class EngineCore:
         # tracing). A hook must not change the batch; one that raises fails the batch.
         self.step_hooks: list[StepHook] = []
         self._inbox: list[tuple[str, Request | str]] = []  # ("add", req) | ("abort"/"grammar_ready", id)
-        self._pending: dict[str, Future[CheckedGrammar]] = {}  # request id -> grammar compiling
+        self._inbox_ids: set[str] = set()  # ids of the requests added in the inbox
+        # request id -> (the request, its grammar compiling): not in the scheduler yet
+        self._pending: dict[str, tuple[Request, Future[CheckedGrammar]]] = {}
         self._cv = threading.Condition()  # guards the inbox; notified on new work
         self._step_lock = threading.Lock()  # held while a step mutates engine state
         self._thread: threading.Thread | None = None
@@ -98,11 +101,14 @@ class EngineCore:
         with self._cv:
             if self.closed:  # NOTE: under _cv: close() drains the inbox once, after this
                 raise EngineClosedError("the engine is closed")
+            if rid in self._inbox_ids or rid in self._pending or self.scheduler.find(rid) is not None:
+                raise InvalidRequestError(f"duplicate request id {rid!r}")
             self.outputs.register(request, callback)
             if grammar is None:
                 self._inbox.append(("add", request))
+                self._inbox_ids.add(rid)
             else:
-                self._pending[rid] = grammar
+                self._pending[rid] = (request, grammar)
                 grammar.add_done_callback(lambda _: self._post("grammar_ready", rid))
             self._cv.notify()
         self._ensure_thread()
@@ -162,6 +168,7 @@ class EngineCore:
         with self._step_lock:
             for req in [*self.scheduler.running, *self.scheduler.waiting]:
                 self.outputs.finish(req, "abort", error=message)
+            self._settle()
 
     # ---- one step ----------------------------------------------------------------------------
     def step(self) -> bool:
@@ -180,6 +187,7 @@ class EngineCore:
                 log.exception("forward pass failed")
                 for req in [i.request for i in batch.prefill] + batch.decode + [v.request for v in batch.verify]:
                     self.outputs.finish(req, "abort", error=f"internal error: {exc}")
+                self._settle()
                 return True
             self.forward_passes += 1
             tokens = self.outputs.sample(batch, logits)
@@ -187,11 +195,23 @@ class EngineCore:
             if self.debug:
                 self.scheduler.check_integrity()
             self.outputs.emit(tokens)
+            self._settle()
             return True
+
+    def _settle(self) -> None:
+        """Finished requests leave the scheduler (or the grammar queue), their pages go
+        back, and only then do their final outputs reach the callers."""
+        finals = self.outputs.take_finals()
+        for final in finals:
+            req = final.request
+            if self._pending.pop(req.request_id, None) is None:  # else it never reached the scheduler
+                self.scheduler.finish(req, aborted=req.finish_reason == "abort")
+        self.outputs.send_finals(finals)
 
     def _drain_inbox(self) -> None:
         with self._cv:
             inbox, self._inbox = self._inbox, []
+            self._inbox_ids.clear()
             for kind, value in inbox:  # NOTE: under _cv, so wait_idle never sees a gap
                 if kind == "add":
                     assert isinstance(value, Request)
@@ -200,25 +220,25 @@ class EngineCore:
             if kind == "grammar_ready":
                 assert isinstance(value, str)
                 self._grammar_ready(value)
-            elif kind == "abort" and (req := self.outputs.get(str(value))) is not None:
+            elif kind == "abort" and (req := self._find(str(value))) is not None:
                 self.outputs.finish(req, "abort")
+        self._settle()
+
+    def _find(self, rid: str) -> Request | None:
+        """The live request with this id: scheduled, or waiting for its grammar."""
+        pending = self._pending.get(rid)
+        return pending[0] if pending is not None else self.scheduler.find(rid)
 
     def _grammar_ready(self, rid: str) -> None:
-        future = self._pending.get(rid)
-        req = self.outputs.get(rid)
-        if future is None or req is None:  # aborted while compiling
+        if (pending := self._pending.get(rid)) is None:  # aborted while compiling
             return
+        req, future = pending
         if (exc := future.exception()) is not None:
             self.outputs.finish(req, "abort", error=str(exc))
             return
-        self.outputs.attach_grammar(rid, future.result())
+        self.outputs.attach_grammar(req, future.result())
         self.scheduler.add(req)
         del self._pending[rid]  # NOTE: after add, so wait_idle never sees a gap
-
-    def release(self, req: Request, reason: FinishReason) -> None:
-        """Take a finishing request out of the scheduler (or the grammar queue)."""
-        if self._pending.pop(req.request_id, None) is None:  # else it never reached the scheduler
-            self.scheduler.finish(req, aborted=reason == "abort")
 
     # ---- state ---------------------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
@@ -273,6 +293,7 @@ class EngineCore:
             self._thread.join(timeout=5)
         with self._step_lock:  # NOTE: waits for a step that outlived the join
             self._drain_inbox()
-            pending = [r for rid in self._pending if (r := self.outputs.get(rid)) is not None]
+            pending = [req for req, _ in self._pending.values()]
             for req in [*self.scheduler.running, *self.scheduler.waiting, *pending]:
                 self.outputs.finish(req, "abort", error="the engine was closed")
+            self._settle()

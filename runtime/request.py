@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from runtime.cache.prefix_cache import EMPTY_MATCH, PrefixMatch
 from runtime.outputs import FinishReason
@@ -30,7 +30,8 @@ class Request:
 
     - the engine sets ``request_id``, ``prompt_ids``, ``params``, ``tenant`` and
       ``priority`` at submission; they never change;
-    - the output processor appends to ``output_ids`` and sets ``finish_reason`` (once);
+    - the output processor appends to ``output_ids``, sets ``finish_reason`` (once) and
+      keeps its per-request state in ``output_state``;
     - the scheduler owns admission and KV: ``arrival``, ``status``, ``prefix``, ``pages``,
       ``num_computed``, ``num_cached_tokens``, ``num_retractions``, ``admitted_once``,
       ``num_overtaken``.
@@ -52,6 +53,9 @@ class Request:
     # ---- the output processor's ----
     output_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    # NOTE: a runtime.output.state.TrackedRequest (the detokenizer, callback, matcher, ...);
+    # typed loosely because the request lives in the torch-free core.
+    output_state: Any = None
     # ---- the scheduler's ----
     arrival: int = 0  # admission-order tiebreak, numbered by ``Scheduler.add`` (monotonic)
     status: RequestStatus = RequestStatus.WAITING

@@ -1,8 +1,10 @@
 """From logits to the caller: drafts, verification, sampling, stop checks, detokenization.
 
-The output processor owns the per-request state that is not about KV (``tracked``: the
-detokenizer, callback, seed, grammar matcher, logprobs, speculation counters) and is
-the only writer of a request's ``output_ids`` and ``finish_reason``. In the engine step:
+The output processor owns the per-request state that is not about KV (a
+``TrackedRequest`` in ``Request.output_state``: the detokenizer, callback, seed, grammar
+matcher, logprobs, speculation counters) and is the only writer of a request's
+``output_ids``, ``finish_reason`` and ``output_state``. It keeps no list of requests: the
+scheduler's is the only one. In the engine step:
 
 - before the pass, ``propose_drafts`` proposes speculative drafts (the scheduler decides
   which to keep);
@@ -13,26 +15,31 @@ the only writer of a request's ``output_ids`` and ``finish_reason``. In the engi
   reaches a request yet, so the scheduler can commit the KV first;
 - ``emit`` appends each token (stop ids, stop strings, stop regexes, grammar end, length)
   and sends an incremental ``RequestOutput`` to the request's callback;
-- ``finish`` ends a request for any reason: ``release`` (given by the engine) takes it
-  out of the scheduler, then the final output goes out, with a constrained output's
-  ``constraint_check`` (``CheckedGrammar.check``). A request is finished once.
+- ``finish`` ends a request for any reason (once) and keeps its final output, with a
+  constrained output's ``constraint_check`` (``CheckedGrammar.check``), until the engine
+  has released the request's pages: ``take_finals``, the scheduler's ``finish``, then
+  ``send_finals``. Data flows one way: the processor never calls back into the engine.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable
 
 import torch
 
 from runtime.constrained import CheckedGrammar, GrammarMatcher
 from runtime.constrained.checked import CheckStats
 from runtime.constrained.masking import mask_logits
-from runtime.errors import InvalidRequestError
 from runtime.model.runner import ForwardOutput
 from runtime.output.detokenizer import IncrementalDetokenizer
-from runtime.output.state import NewTokens, OutputCallback, StepTokens, TopLogprobs, TrackedRequest
+from runtime.output.state import (
+    Final,
+    NewTokens,
+    OutputCallback,
+    StepTokens,
+    TopLogprobs,
+    TrackedRequest,
+)
 from runtime.outputs import ConstraintCheck, FinishReason, RequestOutput
 from runtime.request import Request
 from runtime.sampling.penalties import TokenHistory, apply_penalties, suppress_stop_ids
@@ -48,24 +55,19 @@ class OutputProcessor:
     """The engine's per-request output state and what turns logits into outputs.
 
     Args:
-        release: takes a finishing request out of the scheduler (or wherever the engine
-            holds it); called once per request, before its final output is emitted.
         generator: the engine's random generator: it draws the seed of every request
             submitted without one (so sampling is reproducible per engine seed).
         spec_fixed_cost_rows: a forward pass's fixed cost in rows, for drafting decisions.
     """
 
     def __init__(self, tokenizer: object, eos_token_ids: list[int], max_model_len: int,
-                 generator: torch.Generator, release: Callable[[Request, FinishReason], None],
-                 spec_fixed_cost_rows: float) -> None:
+                 generator: torch.Generator, spec_fixed_cost_rows: float) -> None:
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
         self._generator = generator
-        self._release = release
         self._spec_fixed_cost_rows = spec_fixed_cost_rows
-        self._tracked: dict[str, TrackedRequest] = {}
-        self._lock = threading.Lock()  # registration races with finishing on the engine thread
+        self._finals: list[Final] = []  # finished this step; sent once their pages are released
         self.proposer = DraftProposer(tokenizer)
         self.spec = SpecStats()  # speculation counters over all requests
         self.checks = CheckStats()  # final outputs checked against their whole constraint
@@ -73,37 +75,22 @@ class OutputProcessor:
 
     # ---- registration (any thread) -------------------------------------------------------
     def register(self, request: Request, callback: OutputCallback | None) -> None:
-        """Start tracking a new request.
-
-        Raises:
-            InvalidRequestError: a request with the same id is in flight.
-        """
+        """Start tracking a new request (the engine refuses duplicate ids before this)."""
         params = request.params
         detok = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens, params.stop_regex)
         history = TokenHistory(request.prompt_ids) if params.penalized else None
-        with self._lock:
-            if request.request_id in self._tracked:
-                raise InvalidRequestError(f"duplicate request id {request.request_id!r}")
-            seed = params.seed if params.seed is not None else int(
-                torch.randint(0, 2**63 - 1, (), generator=self._generator))
-            self._tracked[request.request_id] = TrackedRequest(request, detok, callback, seed, history=history)
+        seed = params.seed if params.seed is not None else int(
+            torch.randint(0, 2**63 - 1, (), generator=self._generator))
+        request.output_state = TrackedRequest(request, detok, callback, seed, history=history)
 
-    def attach_matcher(self, request_id: str, matcher: GrammarMatcher) -> None:
+    def attach_matcher(self, request: Request, matcher: GrammarMatcher) -> None:
         """Constrain a tracked request (before it is scheduled)."""
-        self._tracked[request_id].matcher = matcher
+        tracked(request).matcher = matcher
 
-    def attach_grammar(self, request_id: str, grammar: CheckedGrammar) -> None:
+    def attach_grammar(self, request: Request, grammar: CheckedGrammar) -> None:
         """Constrain a tracked request by ``grammar``, which also checks its final output."""
-        self.attach_matcher(request_id, grammar.new_matcher())
-        self._tracked[request_id].grammar = grammar
-
-    def get(self, request_id: str) -> Request | None:
-        """The tracked (unfinished) request with this id, if any."""
-        t = self._tracked.get(request_id)
-        return t.request if t is not None else None
-
-    def tracked(self, request_id: str) -> TrackedRequest:
-        return self._tracked[request_id]
+        self.attach_matcher(request, grammar.new_matcher())
+        tracked(request).grammar = grammar
 
     # ---- before the pass ------------------------------------------------------------------
     def propose_drafts(self, decoding: list[Request]) -> dict[str, list[int]]:
@@ -115,7 +102,7 @@ class OutputProcessor:
         for req in decoding:
             if not req.params.speculation:
                 continue
-            t = self._tracked[req.request_id]
+            t = tracked(req)
             room = min(req.params.max_new_tokens - len(req.output_ids), self.max_model_len - req.seq_len) - 1
             if room <= 0:
                 continue
@@ -138,26 +125,27 @@ class OutputProcessor:
         """New tokens of every request that produced some (verify items first)."""
         new = [self._verify(v.request, list(v.draft_ids), result.verify_logits[v.request.request_id])
                for v in batch.verify]
-        new += self._sample_rows(result)
-        return StepTokens(new, result.prompt_logprobs)
+        by_id = {r.request_id: r for r in [*(i.request for i in batch.prefill), *batch.decode]}
+        new += self._sample_rows(result, by_id)
+        return StepTokens(new, [(by_id[rid], pairs) for rid, pairs in result.prompt_logprobs.items()])
 
     def _verify(self, req: Request, drafts: list[int], rows: torch.Tensor) -> NewTokens:
         """Accept drafts exactly (see runtime.speculative.verify)."""
-        t = self._tracked[req.request_id]
+        t = tracked(req)
         tokens, accepted = verify_drafts(rows, drafts, req.params, t.matcher, t.seed,
                                          len(req.output_ids), self._stop_ids(t), t.history)
         self._count_spec(t, len(drafts), accepted, from_lookup=t.drafts_from_lookup)
         logprobs, top = self._logprobs_of(req.params, rows[: len(tokens)], tokens)
         return NewTokens(req, tokens, logprobs, top, verified=True)
 
-    def _sample_rows(self, result: ForwardOutput) -> list[NewTokens]:
+    def _sample_rows(self, result: ForwardOutput, by_id: dict[str, Request]) -> list[NewTokens]:
         if not result.sample_ids:
             return []
-        tracked = [self._tracked[rid] for rid in result.sample_ids]
-        reqs = [t.request for t in tracked]
-        dead = set(mask_logits(result.logits, [t.matcher for t in tracked]))
-        self._adjust_logits(result.logits, tracked)
-        out = sample(result.logits, [r.params for r in reqs], [t.seed for t in tracked],
+        reqs = [by_id[rid] for rid in result.sample_ids]
+        states = [tracked(r) for r in reqs]
+        dead = set(mask_logits(result.logits, [t.matcher for t in states]))
+        self._adjust_logits(result.logits, states)
+        out = sample(result.logits, [r.params for r in reqs], [t.seed for t in states],
                      [len(r.output_ids) for r in reqs])
         new = []
         for i, req in enumerate(reqs):
@@ -210,7 +198,7 @@ class OutputProcessor:
         """Append the step's tokens and send each request's output."""
         self._record_prompt_logprobs(step.prompt_logprobs)
         for n in step.new:
-            req, t = n.request, self._tracked[n.request.request_id]
+            req, t = n.request, tracked(n.request)
             if req.params.max_new_tokens == 0:
                 self.finish(req, "length")
             elif not n.token_ids:
@@ -230,9 +218,9 @@ class OutputProcessor:
             if req.finish_reason is not None:
                 return
 
-    def _record_prompt_logprobs(self, found: dict[str, list[tuple[int, float]]]) -> None:
-        for rid, pairs in found.items():
-            t = self._tracked[rid]
+    def _record_prompt_logprobs(self, found: list[tuple[Request, list[tuple[int, float]]]]) -> None:
+        for req, pairs in found:
+            t = tracked(req)
             if not t.prompt_logprobs:
                 t.prompt_logprobs = [None] * len(t.request.prompt_ids)
             for pos, lp in pairs:
@@ -265,17 +253,26 @@ class OutputProcessor:
 
     # ---- the end -------------------------------------------------------------------------
     def finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
-        """End ``req`` (idempotent): release it, then send its final output."""
+        """End ``req`` (idempotent); its final output waits in ``take_finals`` until the
+        engine has released its pages."""
         if req.finish_reason is not None:
             return
         req.finish_reason = reason
-        self._release(req, reason)
-        with self._lock:
-            t = self._tracked.pop(req.request_id)
+        t = tracked(req)
         if reason != "stop" or not t.detok.stopped:
             t.detok.finish(req.output_ids)
         self.num_finished += 1
-        self._emit(t, error=error, check=self._check(t, reason))
+        self._finals.append(Final(req, error, self._check(t, reason)))
+
+    def take_finals(self) -> list[Final]:
+        """The requests finished since the last call, in finishing order."""
+        finals, self._finals = self._finals, []
+        return finals
+
+    def send_finals(self, finals: list[Final]) -> None:
+        """Send each finished request's final output (after the engine released it)."""
+        for final in finals:
+            self._emit(tracked(final.request), error=final.error, check=final.check)
 
     def _check(self, t: TrackedRequest, reason: FinishReason) -> ConstraintCheck | None:
         """The final output against its whole constraint (``CheckedGrammar.check``)."""
@@ -316,3 +313,10 @@ class OutputProcessor:
                 t.callback(out)
             except Exception:  # a caller's callback must never take the engine down
                 log.exception("output callback failed for %s", req.request_id)
+
+
+def tracked(request: Request) -> TrackedRequest:
+    """The output processor's state of a registered request."""
+    state = request.output_state
+    assert isinstance(state, TrackedRequest), f"request {request.request_id} was never registered"
+    return state

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from runtime.constrained import CheckedGrammar, GrammarMatcher
 from runtime.output.detokenizer import IncrementalDetokenizer
-from runtime.outputs import RequestOutput
+from runtime.outputs import ConstraintCheck, RequestOutput
 from runtime.request import Request
 from runtime.sampling.penalties import TokenHistory
 from runtime.speculative import SpecStats
@@ -53,9 +53,19 @@ class StepTokens:
     """Everything a step produced for the callers, in emission order."""
 
     new: list[NewTokens]
-    prompt_logprobs: dict[str, list[tuple[int, float]]]  # request id -> (position, logprob)
+    prompt_logprobs: list[tuple[Request, list[tuple[int, float]]]]  # (position, logprob) pairs
 
     @property
     def num_verified(self) -> dict[str, int]:
         """Tokens each verify item produced (what the scheduler commits)."""
         return {n.request.request_id: len(n.token_ids) for n in self.new if n.verified}
+
+
+@dataclass(frozen=True)
+class Final:
+    """A request the output processor has finished, whose final output is not sent yet:
+    the engine releases its pages first, then ``OutputProcessor.send_finals``."""
+
+    request: Request
+    error: str | None
+    check: ConstraintCheck | None

@@ -80,6 +80,7 @@ class Scheduler:
         self.decode_reserve_tokens = decode_reserve_tokens
         self.waiting: list[Request] = []
         self.running: list[Request] = []
+        self._live: dict[str, Request] = {}  # request id -> request, waiting or running
         self.stats = SchedulerStats()
         self._arrival = itertools.count()
         self._admission = itertools.count()
@@ -90,6 +91,11 @@ class Scheduler:
     def add(self, request: Request) -> None:
         request.arrival = next(self._arrival)
         self.waiting.append(request)
+        self._live[request.request_id] = request
+
+    def find(self, request_id: str) -> Request | None:
+        """The live (waiting or running) request with this id, if any."""
+        return self._live.get(request_id)
 
     @property
     def has_work(self) -> bool:
@@ -327,6 +333,7 @@ class Scheduler:
         elif request.status == RequestStatus.WAITING:
             self.waiting.remove(request)
         request.status = RequestStatus.FINISHED
+        self._live.pop(request.request_id, None)
         self._admitted_at.pop(id(request), None)
         if aborted:
             self.stats.num_aborts += 1
@@ -354,3 +361,5 @@ class Scheduler:
         assert used == own + self.cache.num_locked_pages, "in-use pages miscounted"
         for r in self.waiting:
             assert not r.pages and r.prefix is EMPTY_MATCH, f"waiting request {r.request_id} holds pages"
+        live = {r.request_id: r for r in [*self.waiting, *self.running]}
+        assert live == self._live, "the live-request index disagrees with the queues"

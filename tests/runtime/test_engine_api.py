@@ -240,3 +240,20 @@ def test_ctrl_c_in_generate_aborts_its_requests(tiny: Engine) -> None:
     assert tiny.metrics()["num_aborts"] == aborts + 2
     tiny.check_integrity()
     assert tiny.metrics()["kv_pages_used"] == 0
+
+
+def test_a_duplicate_request_id_is_refused_while_the_first_is_live(tiny: Engine) -> None:
+    """Live ids are the scheduler's (and the grammar queue's): the second submission of an
+    id in flight is refused, and the id is free again once its request finished."""
+    params = SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True)
+    finals: list[RequestOutput] = []
+    tiny.add_request(input_ids=list(range(10, 30)), params=params, request_id="same",
+                     callback=lambda out: finals.append(out) if out.finished else None)
+    with pytest.raises(InvalidRequestError, match="duplicate request id 'same'"):
+        tiny.add_request(input_ids=list(range(10, 30)), params=params, request_id="same")
+    assert tiny.wait_idle(30) and [f.finish_reason for f in finals] == ["length"]
+    again = tiny.generate(input_ids=[list(range(10, 30))], sampling_params=params)
+    assert again[0].token_ids == finals[0].token_ids
+    tiny.add_request(input_ids=[5, 6, 7], params=SamplingParams(max_new_tokens=1), request_id="same")
+    assert tiny.wait_idle(30)
+    tiny.check_integrity()

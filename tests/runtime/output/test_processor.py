@@ -1,34 +1,49 @@
 """The output processor between the forward pass and the caller: new tokens reach a
 request only at ``emit`` (after the scheduler's commit), stop rules, verify counts,
-finishing once, and the errors a caller sees."""
+finishing once (the final output held until the engine has released the request), and the
+errors a caller sees."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import pytest
 import torch
 
 from runtime.constrained import GrammarMatcher
-from runtime.errors import InvalidRequestError
 from runtime.model.runner import ForwardOutput
 from runtime.output.processor import OutputProcessor
+from runtime.output.state import StepTokens
 from runtime.outputs import FinishReason, RequestOutput
 from runtime.request import Request
 from runtime.sampling_params import SamplingParams
-from runtime.scheduler.batch import ScheduledBatch, VerifyItem
+from runtime.scheduler.batch import PrefillItem, ScheduledBatch, VerifyItem
 
 VOCAB = 64
 EOS = 2
 
 
 class Recorder:
+    """The callers' outputs, and what the engine would release (``EngineCore._settle``)."""
+
     def __init__(self) -> None:
-        self.released: list[tuple[str, FinishReason]] = []
+        self.released: list[tuple[str, FinishReason | None]] = []
         self.outputs: list[RequestOutput] = []
 
-    def release(self, req: Request, reason: FinishReason) -> None:
-        self.released.append((req.request_id, reason))
+    def settle(self, proc: OutputProcessor) -> None:
+        finals = proc.take_finals()
+        self.released += [(f.request.request_id, f.request.finish_reason) for f in finals]
+        proc.send_finals(finals)
+
+
+def _emit(proc: OutputProcessor, rec: Recorder, step: StepTokens) -> None:
+    """One step's emit, then the engine's settle."""
+    proc.emit(step)
+    rec.settle(proc)
+
+
+def _sampling(*reqs: Request) -> ScheduledBatch:
+    """A batch in which each request computes its last known token, so it samples."""
+    return ScheduledBatch.build(prefill=[PrefillItem(r, r.seq_len - 1, 1) for r in reqs])
 
 
 class _Tok:
@@ -76,7 +91,7 @@ def _logits(*tokens: int) -> torch.Tensor:
 
 def _setup(**params: Any) -> tuple[OutputProcessor, Recorder, Request]:
     rec = Recorder()
-    proc = OutputProcessor(_Tok(), [EOS], 100, torch.Generator().manual_seed(0), rec.release, 16.0)
+    proc = OutputProcessor(_Tok(), [EOS], 100, torch.Generator().manual_seed(0), 16.0)
     req = Request("r", [1, 5, 6], SamplingParams(temperature=0.0, **params))
     proc.register(req, rec.outputs.append)
     return proc, rec, req
@@ -88,32 +103,42 @@ def _sampled(rid: str, *tokens: int) -> ForwardOutput:
 
 def test_tokens_reach_the_request_only_at_emit() -> None:
     proc, rec, req = _setup(max_new_tokens=8)
-    step = proc.sample(ScheduledBatch.build(), _sampled("r", 7))
+    step = proc.sample(_sampling(req), _sampled("r", 7))
     assert req.output_ids == [] and not rec.outputs  # the scheduler commits in between
-    proc.emit(step)
+    _emit(proc, rec, step)
     assert req.output_ids == [7]
     assert [(o.delta_token_ids, o.finished) for o in rec.outputs] == [([7], False)]
 
 
 def test_eos_finishes_once_and_releases_once() -> None:
     proc, rec, req = _setup(max_new_tokens=8, logprobs=True)
-    proc.emit(proc.sample(ScheduledBatch.build(), _sampled("r", EOS)))
+    _emit(proc, rec, proc.sample(_sampling(req), _sampled("r", EOS)))
     assert req.finish_reason == "stop" and req.output_ids == []
     assert rec.released == [("r", "stop")]
     final = rec.outputs[-1]
     assert final.finished and final.finish_reason == "stop" and final.logprobs == []
     proc.finish(req, "abort")  # a late abort changes nothing
+    rec.settle(proc)
     assert rec.released == [("r", "stop")] and len(rec.outputs) == 1
-    assert proc.get("r") is None
+
+
+def test_the_final_output_waits_until_the_engine_released_the_request() -> None:
+    proc, rec, req = _setup(max_new_tokens=1)
+    proc.emit(proc.sample(_sampling(req), _sampled("r", 9)))
+    assert req.finish_reason == "length" and rec.outputs == []  # held: pages not released yet
+    finals = proc.take_finals()
+    assert [f.request for f in finals] == [req] and proc.take_finals() == []
+    proc.send_finals(finals)
+    assert [(o.token_ids, o.finish_reason) for o in rec.outputs] == [([9], "length")]
 
 
 def test_length_and_max_new_tokens_zero() -> None:
     proc, rec, req = _setup(max_new_tokens=1)
-    proc.emit(proc.sample(ScheduledBatch.build(), _sampled("r", 9)))
+    _emit(proc, rec, proc.sample(_sampling(req), _sampled("r", 9)))
     assert (req.output_ids, req.finish_reason) == ([9], "length")
     proc, rec, req = _setup(max_new_tokens=0, prompt_logprobs=True)
-    step = proc.sample(ScheduledBatch.build(), _sampled("r", 9))
-    proc.emit(type(step)(step.new, {"r": [(1, -0.5), (2, -1.5)]}))
+    step = proc.sample(_sampling(req), _sampled("r", 9))
+    _emit(proc, rec, type(step)(step.new, [(req, [(1, -0.5), (2, -1.5)])]))
     assert (req.output_ids, req.finish_reason) == ([], "length")
     assert rec.outputs[-1].prompt_logprobs == [None, -0.5, -1.5]
 
@@ -126,28 +151,22 @@ def test_verify_accepts_matching_drafts_and_counts_them() -> None:
     out = ForwardOutput([], torch.zeros(0, VOCAB), {}, {"r": _logits(10, 12, 13)})
     step = proc.sample(batch, out)
     assert step.num_verified == {"r": 2} and req.output_ids == [4]
-    proc.emit(step)
+    _emit(proc, rec, step)
     assert req.output_ids == [4, 10, 12]
     assert (proc.spec.draft_tokens, proc.spec.accepted_tokens, proc.spec.verify_rounds) == (2, 1, 1)
 
 
 def test_a_grammar_dead_end_aborts_with_a_message() -> None:
     proc, rec, req = _setup(max_new_tokens=8)
-    proc.attach_matcher("r", _Refuses())
-    proc.emit(proc.sample(ScheduledBatch.build(), _sampled("r", 7)))
+    proc.attach_matcher(req, _Refuses())
+    _emit(proc, rec, proc.sample(_sampling(req), _sampled("r", 7)))
     assert req.finish_reason == "abort" and rec.released == [("r", "abort")]
     assert rec.outputs[-1].error == "the grammar admits no further token"
 
 
-def test_duplicate_request_ids_are_refused() -> None:
-    proc, _, _ = _setup()
-    with pytest.raises(InvalidRequestError, match="duplicate request id 'r'"):
-        proc.register(Request("r", [1], SamplingParams()), None)
-
-
 def test_a_failing_callback_does_not_stop_the_others() -> None:
     rec = Recorder()
-    proc = OutputProcessor(_Tok(), [EOS], 100, torch.Generator().manual_seed(0), rec.release, 16.0)
+    proc = OutputProcessor(_Tok(), [EOS], 100, torch.Generator().manual_seed(0), 16.0)
 
     def boom(_: RequestOutput) -> None:
         raise RuntimeError("caller bug")
@@ -156,7 +175,7 @@ def test_a_failing_callback_does_not_stop_the_others() -> None:
     b = Request("b", [1], SamplingParams(temperature=0.0, max_new_tokens=4))
     proc.register(a, boom)
     proc.register(b, rec.outputs.append)
-    proc.emit(proc.sample(ScheduledBatch.build(), ForwardOutput(["a", "b"], _logits(7, 8), {}, {})))
+    _emit(proc, rec, proc.sample(_sampling(a, b), ForwardOutput(["a", "b"], _logits(7, 8), {}, {})))
     assert a.output_ids == [7] and b.output_ids == [8] and rec.outputs[-1].token_ids == [8]
 
 
@@ -171,35 +190,35 @@ def _row(**scores: float) -> torch.Tensor:
 def test_min_tokens_masks_eos_and_stop_ids_until_reached() -> None:
     proc, rec, req = _setup(max_new_tokens=8, min_tokens=2, stop_token_ids=[9])
     for _ in range(2):  # EOS, then the stop id 9, are the favourites: both masked
-        proc.emit(proc.sample(ScheduledBatch.build(), ForwardOutput(["r"], _row(t2=10, t9=9, t7=5), {}, {})))
+        _emit(proc, rec, proc.sample(_sampling(req), ForwardOutput(["r"], _row(t2=10, t9=9, t7=5), {}, {})))
     assert req.output_ids == [7, 7] and req.finish_reason is None
-    proc.emit(proc.sample(ScheduledBatch.build(), ForwardOutput(["r"], _row(t2=10, t7=5), {}, {})))
+    _emit(proc, rec, proc.sample(_sampling(req), ForwardOutput(["r"], _row(t2=10, t7=5), {}, {})))
     assert (req.output_ids, req.finish_reason) == ([7, 7], "stop")
 
 
 def test_frequency_penalty_changes_the_greedy_choice() -> None:
     proc, rec, req = _setup(max_new_tokens=8, frequency_penalty=0.6)
     for _ in range(4):  # 7 leads 8 by 1: 7 twice (count 2 costs 1.2), then 8, then 7 again
-        proc.emit(proc.sample(ScheduledBatch.build(), ForwardOutput(["r"], _row(t7=10, t8=9), {}, {})))
+        _emit(proc, rec, proc.sample(_sampling(req), ForwardOutput(["r"], _row(t7=10, t8=9), {}, {})))
     assert req.output_ids == [7, 7, 8, 7]
 
 
 def test_verify_penalizes_each_row_as_if_earlier_drafts_were_appended() -> None:
     proc, rec, req = _setup(max_new_tokens=8, frequency_penalty=1.0)
-    proc.emit(proc.sample(ScheduledBatch.build(), _sampled("r", 4)))
+    _emit(proc, rec, proc.sample(_sampling(req), _sampled("r", 4)))
     rows = torch.cat([_row(t7=10, t8=9.5)] * 3)
     step = proc.sample(ScheduledBatch.build(verify=[VerifyItem(req, (7, 7))]), ForwardOutput([], torch.zeros(0, VOCAB), {}, {"r": rows}))
     # Row 0 picks 7 (= draft 1); row 1 sees that 7, so 8 wins and draft 2 is rejected.
     assert step.num_verified == {"r": 2}
-    proc.emit(step)
+    _emit(proc, rec, step)
     assert req.output_ids == [4, 7, 8]
 
 
 def test_verify_masks_eos_before_min_tokens() -> None:
     proc, rec, req = _setup(max_new_tokens=8, min_tokens=3)
-    proc.emit(proc.sample(ScheduledBatch.build(), _sampled("r", 4)))
+    _emit(proc, rec, proc.sample(_sampling(req), _sampled("r", 4)))
     rows = torch.cat([_row(t2=10, t7=5)] * 3)
-    proc.emit(proc.sample(ScheduledBatch.build(verify=[VerifyItem(req, (7, 7))]), ForwardOutput([], torch.zeros(0, VOCAB), {}, {"r": rows})))
+    _emit(proc, rec, proc.sample(ScheduledBatch.build(verify=[VerifyItem(req, (7, 7))]), ForwardOutput([], torch.zeros(0, VOCAB), {}, {"r": rows})))
     assert (req.output_ids, req.finish_reason) == ([4, 7, 7], "stop")  # EOS at position 3
 
 
@@ -207,7 +226,7 @@ def test_stop_regex_cuts_the_match_and_never_shows_it() -> None:
     proc, rec, req = _setup(max_new_tokens=20, stop_regex=[r"h+i"])
     for token in (0, 7, 1, 7, 7, 8, 3):  # a h b h h i d: "h" and "hh" are partial matches
         if req.finish_reason is None:
-            proc.emit(proc.sample(ScheduledBatch.build(), _sampled("r", token)))
+            _emit(proc, rec, proc.sample(_sampling(req), _sampled("r", token)))
     assert req.finish_reason == "stop" and rec.outputs[-1].text == "ahb"
     assert "".join(o.delta_text for o in rec.outputs) == "ahb"
     assert [o.delta_text for o in rec.outputs[:3]] == ["a", "", "hb"]  # "h" held back until "b"
