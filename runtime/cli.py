@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.command not in ("eval", "router"):  # NOTE: bad settings fail before any load (eval: its own)
+        if args.command not in ("eval", "router", "rollout"):  # NOTE: bad settings fail before any load (eval: its own)
             EngineConfig.from_kwargs(**engine_kwargs(args))
         result: int = args.func(args)
         return result
