@@ -129,6 +129,9 @@ class Canary(Collector):
             sets.append(set(self.pools.members[self.plan.baseline]))
         return sets
 
+    def is_candidate(self, worker: int) -> bool:
+        return self.plan is not None and self.pools.pool_of(worker) == self.plan.candidate
+
     def pool_healthy(self, pool: str) -> bool:
         return any(self.workers.workers[i].healthy for i in self.pools.members[pool])
 

@@ -161,7 +161,7 @@ async def _attempts(router: Router, request: Request, body: bytes, key: list[int
         tried.add(worker.index)
         worker.load += 1
         try:
-            return await _attempt(router, worker, route, request, body, disconnect)
+            attempt = await _attempt(router, worker, route, request, body, disconnect)
         except (*WORKER_FAILURES, WorkerGoneError) as exc:
             worker.load -= 1
             reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -173,6 +173,14 @@ async def _attempts(router: Router, request: Request, body: bytes, key: list[int
         except BaseException:
             worker.load -= 1
             raise
+        else:
+            if attempt.upstream.status_code < 500 or not router.canary.is_candidate(worker.index):
+                return attempt
+            # NOTE: a candidate's 5xx reached no client yet: an error of the candidate's
+            # (its gates see it), and the request goes to the baseline instead
+            await attempt.release()
+            errors.append(f"{worker.url}: answered {attempt.upstream.status_code}")
+            router.canary.attempt_failed(worker.index)
 
 
 async def _attempt(router: Router, worker: Worker, route: Route, request: Request, body: bytes,
