@@ -95,7 +95,6 @@ def run_router(args: argparse.Namespace, worker_urls: list[str] | None = None) -
     import uvicorn
 
     from runtime.router.app import create_router_app
-
     from runtime.router.pools import Pools
     from runtime.router.rollout_plan import load_plan
     from runtime.router.rollout_store import RolloutStore
