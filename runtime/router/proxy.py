@@ -75,8 +75,8 @@ class _Watch:
     body: Any  # the parsed request (None: not JSON)
     started: float  # time.monotonic()
     first_at: float | None = None  # the answer's first byte
-    last_at: float | None = None
-    num_events: int = 0  # of an event stream
+    last_at: float | None = None  # the last data event
+    num_events: int = 0  # data events of an event stream ([DONE] aside)
     last_event: bytes = b""  # the last data event but [DONE] (its meta / usage)
     failed_mid_stream: bool = False
 
@@ -237,14 +237,14 @@ def _watch_chunk(watch: _Watch, chunk: bytes) -> None:
     a part of one: only whole ``data: {...}`` lines are kept)."""
     now = time.monotonic()
     for line in chunk.split(b"\n"):
-        if line.startswith(b"data:"):
+        payload = line[5:].strip() if line.startswith(b"data:") else b""
+        if payload and payload != b"[DONE]":
             watch.num_events += 1
-            payload = line[5:].strip()
+            watch.last_at = now
             if payload.startswith(b"{") and payload.endswith(b"}"):
                 watch.last_event = payload
     if watch.first_at is None:
         watch.first_at = now
-    watch.last_at = now
 
 
 def _observe(router: Router, watch: _Watch, attempt: _Attempt, payload: bytes) -> dict[str, Any] | None:
@@ -256,8 +256,8 @@ def _observe(router: Router, watch: _Watch, attempt: _Attempt, payload: bytes) -
     headers = attempt.upstream.headers
     status = 503 if watch.failed_mid_stream else attempt.upstream.status_code
     itl = None
-    if watch.num_events > 2 and watch.first_at is not None and watch.last_at is not None:
-        itl = (watch.last_at - watch.first_at) / (watch.num_events - 2)  # NOTE: [DONE] is an event too
+    if watch.num_events > 1 and watch.first_at is not None and watch.last_at is not None:
+        itl = (watch.last_at - watch.first_at) / (watch.num_events - 1)
     ttft = watch.first_at - watch.started if watch.first_at is not None else None
     labels = router.canary.labels(watch.assignment, attempt.worker.index, headers.get("x-arbor-model", ""),
                                   headers.get("x-arbor-config-version", ""), prompt)

@@ -8,14 +8,14 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from server_helpers import LiveServer
 
 from runtime.cli import main
@@ -47,6 +47,7 @@ class VersionedWorker:
         self.status = 200  # what /generate answers
         self.shift = 0  # added to every output token (a candidate that answers differently)
         self.seen = 0
+        self.valid = True  # the constraint check of constrained answers
         self.app = self._build()
 
     def _build(self) -> FastAPI:
@@ -66,11 +67,25 @@ class VersionedWorker:
                 return JSONResponse({"error": {"message": "boom", "code": self.status}}, self.status, headers=headers)
             ids = [len(body.get("text", "")) + i + (self.shift if i >= 2 else 0) for i in range(4)]
             tops = [{str(t): -0.1, str(t + 1000): -2.5} for t in ids]
-            meta = {"prompt_tokens": 700, "completion_tokens": 4, "cached_tokens": 100, "top_logprobs": tops}
-            return JSONResponse({"text": "x", "output_ids": ids, "finish_reason": "length", "meta": meta},
-                                headers=headers)
+            meta: dict[str, Any] = {"prompt_tokens": 700, "completion_tokens": 4, "cached_tokens": 100,
+                                    "top_logprobs": tops}
+            if "constraint" in body.get("sampling_params", {}):
+                meta["constraint_check"] = {"valid": self.valid, "checked": True}
+            answer = {"text": "x", "output_ids": ids, "finish_reason": "length", "meta": meta}
+            if body.get("stream"):
+                return StreamingResponse(self._events(answer), media_type="text/event-stream", headers=headers)
+            return JSONResponse(answer, headers=headers)
 
         return app
+
+    async def _events(self, answer: dict[str, Any]) -> AsyncIterator[str]:
+        *head, last = answer["output_ids"]
+        for token in head:
+            await asyncio.sleep(0.05)
+            yield f"data: {json.dumps({'delta_text': 'x', 'delta_token_ids': [token]})}\n\n"
+        await asyncio.sleep(0.05)  # NOTE: the last event carries the last token and the meta
+        yield f"data: {json.dumps({**answer, 'delta_text': 'x', 'delta_token_ids': [last]})}\n\n"
+        yield "data: [DONE]\n\n"
 
 
 class Setup:
@@ -154,6 +169,28 @@ def test_a_failing_candidate_is_rolled_back_and_no_user_request_fails(setup: Cal
         assert all(s.generate(client, f"u{i}").status_code == 200 for i in range(40))
     assert s.cand.seen == seen  # rolled back: the candidate gets nothing more
     assert metric(httpx.get(s.url + "/metrics").text, "arbor_rollout_rollbacks_total", gate="error_rate") == 1
+
+
+def test_streams_give_itl_and_invalid_constrained_outputs_fail_their_gate(setup: Callable[..., Setup]) -> None:
+    s = setup(steps=[{"weight": 100, "dwell_s": 3600}, {"weight": 100}], min_samples=3,
+              gates=[{"metric": "constraint_failure_rate", "max": 0.1}])
+    s.cand.valid = False
+    with httpx.Client(timeout=30) as client:
+        streamed = client.post(s.url + "/generate", json={"text": "hi", "stream": True}, headers={"x-session-id": "a"})
+        assert streamed.text.count("data:") == 5
+        for i in range(3):
+            body = {"text": "hi", "sampling_params": {"constraint": {"regex": "[a-z]+"}}}
+            assert client.post(s.url + "/generate", json=body, headers={"x-session-id": f"c{i}"}).status_code == 200
+    panel = httpx.get(s.url + "/rollout").json()["panel"]["candidate"]
+    assert panel["itl_s"]["samples"] == 1 and 0.04 <= panel["itl_s"]["p50"] <= 0.5
+    assert panel["ttft_s"]["p50"] < panel["e2e_s"]["p99"]
+    metrics = httpx.get(s.url + "/metrics").text
+    assert metric(metrics, "arbor_router_split_constraint_failures_total", pool="candidate") == 3
+    assert metric(metrics, "arbor_router_split_output_tokens_total", pool="candidate") == 16
+    deadline = time.monotonic() + 5
+    while s.canary.rollout.state != "rolled_back" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert s.canary.rollout.store.events()[-1].detail["gate"] == "constraint_failure_rate"
 
 
 def test_a_dead_candidate_loses_no_request_and_rolls_back(setup: Callable[..., Setup]) -> None:
