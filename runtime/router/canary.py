@@ -49,6 +49,7 @@ from runtime.server.tenant import TenantLabels
 
 log = logging.getLogger("arbor.router.rollout")
 STATES = ("progressing", "paused", "rolled_back", "completed")
+KNOWN_ENTRY_POINTS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions"})
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,8 @@ class Canary(Collector):
         self.clock = clock
         self.rollout = Rollout(plan, store or RolloutStore(":memory:"), clock) if plan else None
         self.tenants = TenantLabels()
+        # NOTE: program names and other paths are client-chosen: bounded like tenants
+        self.programs = TenantLabels(max_labels=32)
         self.rollbacks: Counter[str] = Counter()
         self.shadow: ShadowRunner | None = None
         self.shadow_totals = ShadowTotals()
@@ -110,15 +113,16 @@ class Canary(Collector):
         tenant = tenant if isinstance(tenant, str) else None
         entry = entry_point(path)
         label = self.tenants.label(tenant)
+        entry_label = entry if entry in KNOWN_ENTRY_POINTS else self.programs.label(entry)
         if self.plan is None or self.rollout is None:
-            return Assignment(None, False, label, entry)
+            return Assignment(None, False, label, entry_label)
         if not self.plan.match.admits(tenant, entry):
-            return Assignment(self.plan.baseline, False, label, entry)
+            return Assignment(self.plan.baseline, False, label, entry_label)
         key = sticky_key(self.plan.sticky, path, headers, body, tenant)
         # NOTE: a request without any key is spread by a fresh bucket each time (no session to keep)
         b = bucket(key) if key is not None else bucket(f"anon:{self.clock()}:{id(body)}")
         pool = choose_pool(b, self.rollout.weights(), self.plan.baseline, self.plan.candidate)
-        return Assignment(pool, True, label, entry)
+        return Assignment(pool, True, label, entry_label)
 
     def allowed(self, assignment: Assignment) -> list[set[int]]:
         """Worker index sets to try in turn: the assigned pool, then the baseline."""

@@ -264,3 +264,30 @@ def test_state_survives_a_restart_through_sqlite(tmp_path: Path) -> None:
     assert [e.kind for e in again.store.events()] == ["start", "promote", "rollback"]
     other = Rollout(plan_from_dict(plan_dict(), POOLS, digest="plan-b"), RolloutStore(db), clock)
     assert (other.state, other.candidate_weight) == ("progressing", 5)  # a new plan starts afresh
+
+
+def test_requests_outside_the_match_go_to_the_baseline_and_labels_stay_bounded() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from runtime.router.canary import Assignment, Canary
+    from runtime.router.config import HealthConfig
+    from runtime.router.split_metrics import SplitMetrics
+    from runtime.router.workers import WorkerPool
+
+    pools, urls = Pools.parse(["baseline=http://a:1", "candidate=http://b:2"])
+    plan = plan_from_dict(plan_dict(steps=[{"weight": 100}],
+                                    match={"tenants": ["acme"], "entry_points": ["/generate", "program:extract"]}),
+                          POOLS)
+    canary = Canary(pools, WorkerPool(urls, HealthConfig(), on_down=lambda i: None),
+                    SplitMetrics(CollectorRegistry()), plan)
+    acme = {"x-tenant": "acme"}
+    assert canary.assign("/generate", acme, {"text": "hi"}) == Assignment("candidate", True, "acme", "/generate")
+    assert canary.assign("/generate", {}, {"text": "hi", "user": "acme"}).pool == "candidate"  # OpenAI's user field
+    assert canary.assign("/generate", {"x-tenant": "zed"}, {"text": "hi"}) == Assignment("baseline", False, "zed",
+                                                                                       "/generate")
+    chat = canary.assign("/v1/chat/completions", acme, {"messages": [{"role": "user", "content": "hi"}]})
+    assert (chat.pool, chat.eligible) == ("baseline", False)
+    program = canary.assign("/programs/extract", acme, {"arguments": {}})
+    assert (program.pool, program.entry_point) == ("candidate", "program:extract")
+    assert canary.assign("/some/other/path", acme, None).entry_point == "other"  # NOTE: not a label per path
+    assert canary.allowed(program) == [{1}, {0}]  # the candidate's workers, then the baseline's
