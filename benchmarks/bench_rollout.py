@@ -116,6 +116,7 @@ def run_scenario(name: str, base_url: str, cand_url: str, args: argparse.Namespa
         while not stop.is_set():
             st = httpx.get(url + "/rollout", timeout=10).json()
             gates = {g["metric"]: g["value"] for g in st["gates"]}
+            gates |= {g["metric"] + ":verdict": g["verdict"] for g in st["gates"]}
             timeline.append({"t": time.monotonic() - t0, "weight": st["weights"].get("candidate", 0),
                              "state": st["state"], **gates})
             if st["state"] in ("completed", "rolled_back"):
@@ -136,7 +137,8 @@ def run_scenario(name: str, base_url: str, cand_url: str, args: argparse.Namespa
     status = httpx.get(url + "/rollout", timeout=10).json()
     server.should_exit = True
     thread.join(10)
-    return {"name": name, "candidate": cand_url, "seconds": time.monotonic() - t0, "requests": len(statuses),
+    gates = [{"metric": g["metric"], "bound": g.get("max", g.get("min"))} for g in plan(args)["gates"]]
+    return {"name": name, "candidate": cand_url, "gates": gates, "seconds": time.monotonic() - t0, "requests": len(statuses),
             "failed_user_requests": sum(s >= 500 for s in statuses), "final": status["state"],
             "panel": status["panel"], "shadow": status["shadow"], "events": status["events"], "timeline": timeline}
 
@@ -178,8 +180,14 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         axes[0][col].set_title(f"{r['name']} candidate: {r['final']}")
         axes[0][col].set_ylabel("candidate share, %")
         for metric in ("ttft_p99_ratio", "error_rate", "shadow_mean_kl"):
-            axes[1][col].plot(t, [p.get(metric) if p.get(metric) is not None else float("nan") for p in r["timeline"]],
-                              label=metric, marker=".")
+            values = [p.get(metric) if p.get(metric) is not None else float("nan") for p in r["timeline"]]
+            line, = axes[1][col].plot(t, values, label=metric, linestyle=":", alpha=0.5)
+            # NOTE: solid markers where the gate decided; the dotted line alone: too few samples (wait)
+            decided = [v if p.get(metric + ":verdict") in ("pass", "fail") else float("nan")
+                       for v, p in zip(values, r["timeline"], strict=True)]
+            axes[1][col].plot(t, decided, marker=".", linestyle="", color=line.get_color())
+        for gate in r.get("gates", []):
+            axes[1][col].axhline(gate["bound"], linestyle="--", linewidth=0.8, color="grey")
         axes[1][col].set_ylabel("gated metric (current step)")
         axes[1][col].set_xlabel("seconds")
         axes[1][col].legend()

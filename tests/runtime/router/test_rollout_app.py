@@ -283,3 +283,56 @@ def test_router_refuses_a_bad_plan_at_start(tmp_path: Path, plan: dict[str, Any]
     assert message in capsys.readouterr().err
     assert main(["router", "--workers", "http://a:1", "--plan", str(path)]) == 2
     assert "needs named pools" in capsys.readouterr().err
+
+
+def test_arbor_router_with_a_plan_keeps_its_state_across_a_restart(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from server_helpers import free_port
+
+    repo = Path(__file__).resolve().parents[3]
+    plan = {"baseline": "baseline", "candidate": "candidate", "steps": [{"weight": 10, "dwell_s": 3600},
+                                                                        {"weight": 100}]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    base, cand = VersionedWorker("b"), VersionedWorker("c")
+    with LiveServer(base.app) as b, LiveServer(cand.app) as c:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        argv = [sys.executable, "-m", "runtime.cli", "router", "--port", str(port), "--pool", f"baseline={b.url}",
+                "--pool", f"candidate={c.url}", "--plan", str(tmp_path / "plan.json"),
+                "--rollout-db", str(tmp_path / "rollout.sqlite"), "--log-level", "warning"]
+
+        def start() -> subprocess.Popen[bytes]:
+            proc = subprocess.Popen(argv, cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)})
+            deadline = time.monotonic() + 60
+            while True:
+                assert proc.poll() is None, "arbor router exited"
+                try:
+                    if httpx.get(url + "/rollout", timeout=2).status_code == 200:
+                        return proc
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+
+        def stop(proc: subprocess.Popen[bytes]) -> None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(30)
+
+        proc = start()
+        try:
+            assert main(["rollout", "weight", "30", "--router", url]) == 0
+        finally:
+            stop(proc)
+        proc = start()  # NOTE: the same SQLite file: the same state
+        try:
+            status = httpx.get(url + "/rollout").json()
+            assert (status["state"], status["weights"]) == ("paused", {"candidate": 30, "baseline": 70})
+            assert [e["kind"] for e in status["events"]] == ["start", "set_weight"]
+        finally:
+            stop(proc)
+    capsys.readouterr()
