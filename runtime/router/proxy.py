@@ -44,6 +44,7 @@ from runtime.server.limits import error_body
 T = TypeVar("T")
 HOP_BY_HOP = frozenset({"host", "content-length", "connection", "keep-alive", "transfer-encoding",
                         "te", "trailer", "upgrade"})
+SHADOW_TIMEOUT_S = 300.0  # one shadow request at most (it runs alone: see shadow.py)
 # Failures of a worker (not of the request): the worker is taken out, the request retried.
 WORKER_FAILURES = (httpx.TransportError,)
 
@@ -305,8 +306,9 @@ async def send_shadow(router: Router, job: ShadowJob) -> dict[str, Any] | None:
     if not healthy:
         return None
     worker = router.pool.workers[min(healthy, key=lambda i: router.pool.workers[i].load)]
+    # NOTE: a bound on the wait: one hung shadow job would otherwise stop them all
     resp = await router.client.post(worker.url + "/generate", json={**job.body, "stream": False},
-                                    headers=job.headers)
+                                    headers=job.headers, timeout=SHADOW_TIMEOUT_S)
     answer = resp.json() if resp.status_code == 200 else None
     return answer if isinstance(answer, dict) else None
 
