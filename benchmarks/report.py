@@ -53,8 +53,8 @@ def _section(path: Path, result: dict[str, Any]) -> str:
     lines += [f"![{name}](../benchmarks/results/{plot})" for plot in result.get("plots", [])]
     rest = {k: v for k, v in result.items() if k not in _SHOWN and not (k == "rows" and _tabular(rows))}
     if rest:
-        lines += ["<details><summary>all saved fields</summary>", "", "```json",
-                  json.dumps(rest, indent=1, default=str)[:20000], "```", "", "</details>", ""]
+        lines += ["", "<details><summary>all saved fields (cut at 4,000 characters)</summary>", "", "```json",
+                  json.dumps(rest, indent=1, default=str)[:4000], "```", "", "</details>", ""]
     return "\n".join(lines) + "\n"
 
 

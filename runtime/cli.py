@@ -211,7 +211,7 @@ def _cmd_reference(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.command not in ("eval", "router", "reference"):  # NOTE: bad settings fail before any load (eval: its own)
+        if args.command not in ("eval", "router", "reference", "rollout"):  # NOTE: bad settings fail before any load (eval: its own)
             EngineConfig.from_kwargs(**engine_kwargs(args))
         result: int = args.func(args)
         return result

@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
+from runtime.eval.compare import greedy_match as compare_greedy
+from runtime.eval.compare import mean_topk_kl
 from runtime.eval.report import Comparison
 from runtime.eval.samples import SampleSets, extraction_message, qa_prompt
 from runtime.eval.targets import Generation, GenParams, PositionDists, Target
@@ -50,17 +50,17 @@ def mean_kl(base: PositionDists, cand: PositionDists) -> tuple[float, str]:
         p = base.full.exp()
         kl = (p * (base.full - cand.full)).sum(-1)
         return float(kl.clamp(min=0).mean()), "exact"
-    log_q = _candidate_logprobs(base.top_ids, cand)
-    kl = (base.top_logprobs.exp() * (base.top_logprobs - log_q)).sum(-1)
-    return float(kl.clamp(min=0).mean()), f"top-{base.top_ids.shape[1]}"
+    if cand.full is not None:  # NOTE: the candidate's whole distribution: no floor needed
+        log_q = cand.full.gather(1, base.top_ids)
+        kl = (base.top_logprobs.exp() * (base.top_logprobs - log_q)).sum(-1)
+        return float(kl.clamp(min=0).mean()), f"top-{base.top_ids.shape[1]}"
+    return mean_topk_kl(_tops(base), _tops(cand)), f"top-{base.top_ids.shape[1]}"
 
 
-def _candidate_logprobs(ids: torch.Tensor, cand: PositionDists) -> torch.Tensor:  # [N, k]
-    if cand.full is not None:
-        return cand.full.gather(1, ids)
-    match = ids[:, :, None] == cand.top_ids[:, None, :]  # [N, k, k]
-    found = (match * cand.top_logprobs[:, None, :]).sum(-1)
-    return torch.where(match.any(-1), found, cand.top_logprobs[:, -1:].expand_as(found))
+def _tops(dists: PositionDists) -> list[dict[int, float]]:
+    """Each position's top-k as {token id: logprob} (the form ``compare.topk_kl`` takes)."""
+    return [dict(zip(ids, lps, strict=True)) for ids, lps in zip(dists.top_ids.tolist(),
+                                                                 dists.top_logprobs.tolist(), strict=True)]
 
 
 def compare(baseline: Target, candidate: Target, samples: SampleSets, base_greedy: list[Generation],
@@ -84,13 +84,7 @@ def compare(baseline: Target, candidate: Target, samples: SampleSets, base_greed
 
 def greedy_match(base: list[Generation], cand: list[Generation]) -> tuple[float, float]:
     """(share of identical outputs, mean share of tokens before the first difference)."""
-    same, prefix = 0, 0.0
-    for b, c in zip(base, cand, strict=True):
-        same += int(b.token_ids == c.token_ids)
-        n = next((i for i, (x, y) in enumerate(zip(b.token_ids, c.token_ids, strict=False)) if x != y),
-                 min(len(b.token_ids), len(c.token_ids)))
-        prefix += n / max(len(b.token_ids), 1)
-    return same / max(len(base), 1), prefix / max(len(base), 1)
+    return compare_greedy([(b.token_ids, c.token_ids) for b, c in zip(base, cand, strict=True)])
 
 
 def perplexity(target: Target, corpus: list[str]) -> float:

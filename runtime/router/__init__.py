@@ -7,4 +7,16 @@
     workers       health probes, load, taking workers out and back
     proxy, app    the HTTP front (``create_router_app``); ``metrics`` its /metrics
     launch        ``arbor router --workers URL ...`` and ``arbor serve --dp N``
+
+Rollouts (``docs/rollouts.md``; the core torch-free and clock-injectable):
+
+    pools          named pools, sticky keys, the bucket -> pool choice
+    rollout_plan   the plan file (steps, match, sticky, gates, shadow), checked at start
+    gates          sliding windows and gate verdicts with minimum sample counts
+    rollout        the state machine (advance, roll back, promote, pause, set weight)
+    rollout_store  its SQLite state and event log
+    shadow         the live quality replay (a bounded queue; ``runtime.eval.compare``)
+    split_metrics  router metrics by pool / model / config version / tenant / entry / context
+    canary         the rollout inside the router (routing, checks, rollout metrics)
+    rollout_cli    ``arbor rollout status|promote|rollback|pause|resume|weight``
 """

@@ -1,4 +1,5 @@
-"""``arbor router --workers URL ...`` and ``arbor serve --dp N``.
+"""``arbor router --workers URL ...`` (or ``--pool NAME=URL,... --plan FILE``: a rollout),
+``arbor rollout status|promote|rollback|pause|resume`` and ``arbor serve --dp N``.
 
 ``--dp N`` starts N ``arbor serve`` worker processes (each its own engine and KV pool) on
 free loopback ports with the same engine and server flags, waits until each answers
@@ -19,6 +20,7 @@ import sys
 import threading
 import time
 from dataclasses import fields
+from pathlib import Path
 
 from runtime.errors import ArborError, InvalidRequestError
 from runtime.router.config import POLICY_NAMES, HealthConfig, PolicyConfig
@@ -56,8 +58,14 @@ def add_router_flags(parser: argparse.ArgumentParser) -> None:
 
 def add_router_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     cmd = sub.add_parser("router", help="route requests over running `arbor serve` workers")
-    cmd.add_argument("--workers", nargs="+", required=True, metavar="URL",
+    cmd.add_argument("--workers", nargs="+", default=None, metavar="URL",
                      help="base URLs of the workers, e.g. http://10.0.0.2:30000")
+    cmd.add_argument("--pool", action="append", default=None, metavar="NAME=URL[,URL]",
+                     help="a named pool of workers (repeat: --pool baseline=URL --pool candidate=URL)")
+    cmd.add_argument("--plan", type=Path, default=None, metavar="FILE",
+                     help="rollout plan (JSON or TOML; docs/rollouts.md) over the --pool pools")
+    cmd.add_argument("--rollout-db", default="arbor_rollout.sqlite", metavar="PATH",
+                     help="SQLite file keeping the rollout's state across restarts (':memory:': none)")
     cmd.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     cmd.add_argument("--port", type=int, default=30000, help="port to listen on (default 30000)")
     cmd.add_argument("--api-key", default=None,
@@ -68,6 +76,9 @@ def add_router_command(sub: argparse._SubParsersAction) -> None:  # type: ignore
                      help="uvicorn and arbor log level: debug, info, warning, error (default info)")
     add_router_flags(cmd)
     cmd.set_defaults(func=run_router)
+    from runtime.router.rollout_cli import add_rollout_command
+
+    add_rollout_command(sub)
 
 
 def policy_from_args(args: argparse.Namespace) -> PolicyConfig:
@@ -87,14 +98,27 @@ def run_router(args: argparse.Namespace, worker_urls: list[str] | None = None) -
     import uvicorn
 
     from runtime.router.app import create_router_app
+    from runtime.router.pools import Pools
+    from runtime.router.rollout_plan import load_plan
+    from runtime.router.rollout_store import RolloutStore
 
-    urls = worker_urls or args.workers
+    pool_specs = getattr(args, "pool", None)
+    plan_path = getattr(args, "plan", None)
+    if pool_specs and (worker_urls or args.workers):
+        raise InvalidRequestError("give either --workers or --pool, not both")
+    pools, urls = Pools.parse(pool_specs) if pool_specs else (None, worker_urls or args.workers or [])
+    if not urls:
+        raise InvalidRequestError("no workers: give --workers URL ... or --pool NAME=URL ...")
+    if plan_path is not None and pools is None:
+        raise InvalidRequestError("a rollout plan needs named pools (--pool baseline=URL --pool candidate=URL)")
     for url in urls:
         if not url.startswith(("http://", "https://")):
             raise InvalidRequestError(f"a worker URL must start with http:// or https://, got {url!r}")
+    plan = load_plan(plan_path, pools.names) if plan_path is not None and pools is not None else None
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    store = RolloutStore(args.rollout_db) if plan is not None else None
     app = create_router_app(urls, policy_from_args(args), health_from_args(args), api_key=args.api_key,
-                            max_body_bytes=args.max_body_bytes)
+                            max_body_bytes=args.max_body_bytes, pools=pools, plan=plan, store=store)
     log.info("routing http://%s:%d over %d workers (%s)", args.host, args.port, len(urls), args.router_policy)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
                 timeout_graceful_shutdown=5)

@@ -53,6 +53,9 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                        help="requests in flight per tenant (X-Tenant header / OpenAI user field)")
     group.add_argument("--tenant-tokens-per-minute", type=int, default=defaults.tenant_tokens_per_minute,
                        help="prompt + max_tokens per tenant per minute")
+    group.add_argument("--fault-delay-ms", type=float, default=0.0,
+                       help="TEST HOOK: delay every generation request by this many ms (shows a "
+                            "rollout's rollback against a slow worker; never in production)")
     group.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout_s,
                        help="on SIGTERM, seconds in-flight requests may take before they are aborted")
 
@@ -82,6 +85,11 @@ def serve(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> int:
     limits = limits_from_args(args)
     app = create_app(engine, programs=programs, api_key=args.api_key,
                      limits=limits, model_name=args.served_model_name)
+    if getattr(args, "fault_delay_ms", 0.0) > 0:
+        from runtime.server.fault import FaultDelayMiddleware
+
+        log.warning("TEST HOOK --fault-delay-ms %g: every generation request is delayed", args.fault_delay_ms)
+        app.add_middleware(FaultDelayMiddleware, delay_s=args.fault_delay_ms / 1000)
     log.info("serving %s on http://%s:%d (%d programs, config version %s)", engine.config.model,
              args.host, args.port, len(programs), engine.config.version())
     server = GracefulServer(app, app.state.ctx.gate, engine, limits.shutdown_timeout_s,
