@@ -9,6 +9,8 @@ routes:
                    worker's URL, health, load and last error
     GET /metrics   the router's metrics (``metrics.py``, ``split_metrics.py``, ``canary.py``);
                    each worker keeps its own
+    GET /ui        the rollout page (``ui/``): baseline vs candidate side by side, the
+                   shadow figures, the step, the gates and the event log
 
 and, with a rollout plan, the admin API (``docs/rollouts.md``; 404 without a plan)::
 
@@ -32,6 +34,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from runtime.errors import InvalidRequestError
+from runtime.router import ui
 from runtime.router.canary import Canary
 from runtime.router.config import HealthConfig, PolicyConfig
 from runtime.router.metrics import RouterStats
@@ -66,6 +69,7 @@ def create_router_app(
         policy: routing policy and its thresholds (default: cache-aware).
         health: probe interval, timeout and failures before a worker is taken out.
         api_key: when set, every route but ``/health`` needs ``Authorization: Bearer <key>``
+            (``/ui`` paths also take the login cookie, as on the server)
             (the header is also relayed, so workers started with the same key accept it).
         max_body_bytes: request bodies above this are refused with 413 (default: the
             server's own limit).
@@ -119,20 +123,22 @@ def create_router_app(
     async def metrics_route() -> Response:
         return Response(stats.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    _add_rollout_routes(app, canary)
+    status = _add_rollout_routes(app, canary)
+    app.include_router(ui.build_router(status, api_key))
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def relay(request: Request) -> Response:
         return await forward(holder["router"], request)
 
     if api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key, login_page=ui.LOGIN_PAGE)
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes or ServerLimits().max_body_bytes)
     return app
 
 
-def _add_rollout_routes(app: FastAPI, canary: Canary) -> None:
-    """The admin API: what ``arbor rollout`` and an outside controller drive."""
+def _add_rollout_routes(app: FastAPI, canary: Canary) -> Callable[[], JSONResponse]:
+    """The admin API: what ``arbor rollout`` and an outside controller drive. Returns what
+    ``GET /rollout`` answers (the ``/ui`` page reads the same)."""
 
     def no_plan() -> JSONResponse:
         return JSONResponse(error_body("this router has no rollout plan (start it with --plan FILE)",
@@ -164,9 +170,12 @@ def _add_rollout_routes(app: FastAPI, canary: Canary) -> None:
             return JSONResponse(error_body(f"bad request body: {exc}", "invalid_request_error", 400), 400)
         return JSONResponse(canary.status())
 
+    def status() -> JSONResponse:
+        return no_plan() if canary.rollout is None else JSONResponse(canary.status())
+
     @app.get("/rollout")
     async def rollout_status() -> JSONResponse:
-        return no_plan() if canary.rollout is None else JSONResponse(canary.status())
+        return status()
 
     def handler(action: str) -> Callable[[Request], Awaitable[JSONResponse]]:
         async def route(request: Request) -> JSONResponse:
@@ -175,3 +184,4 @@ def _add_rollout_routes(app: FastAPI, canary: Canary) -> None:
 
     for action in ("promote", "rollback", "pause", "resume", "weight"):
         app.add_api_route(f"/rollout/{action}", handler(action), methods=["POST"])
+    return status

@@ -50,15 +50,7 @@ def build_router(ctx: ServerContext, api_key: str | None, cookie_name: str, cook
 
     @router.post("/ui/login", response_model=None)
     async def login(request: Request) -> Response:
-        key = urllib.parse.parse_qs((await request.body()).decode("utf-8", "replace")).get("key", [""])[0]
-        if api_key is None or cookie_value is None:
-            return RedirectResponse("/ui", status_code=303)
-        if not hmac.compare_digest(key.encode(), api_key.encode()):
-            return HTMLResponse(LOGIN_PAGE.replace(b"<!--error-->", b'<p class="error">Wrong key.</p>'),
-                                status_code=401)
-        response = RedirectResponse("/ui", status_code=303)
-        response.set_cookie(cookie_name, cookie_value, httponly=True, samesite="strict", path="/ui")
-        return response
+        return login_response(await request.body(), api_key, cookie_name, cookie_value, LOGIN_PAGE)
 
     @router.get("/ui/static/{name}", response_model=None)
     async def static(name: str) -> FileResponse:
@@ -87,6 +79,21 @@ def build_router(ctx: ServerContext, api_key: str | None, cookie_name: str, cook
         return Response(render_timeline(record.trace), media_type="image/svg+xml")
 
     return router
+
+
+def login_response(form: bytes, api_key: str | None, cookie_name: str, cookie_value: str | None,
+                   login_page: bytes) -> Response:
+    """``POST /ui/login`` (the server's and the router's): the form's ``key`` checked in
+    constant time; a match sets the ``/ui`` cookie and goes to ``/ui``."""
+    key = urllib.parse.parse_qs(form.decode("utf-8", "replace")).get("key", [""])[0]
+    if api_key is None or cookie_value is None:
+        return RedirectResponse("/ui", status_code=303)
+    if not hmac.compare_digest(key.encode(), api_key.encode()):
+        return HTMLResponse(login_page.replace(b"<!--error-->", b'<p class="error">Wrong key.</p>'),
+                            status_code=401)
+    response = RedirectResponse("/ui", status_code=303)
+    response.set_cookie(cookie_name, cookie_value, httponly=True, samesite="strict", path="/ui")
+    return response
 
 
 def _record(ctx: ServerContext, run_id: str) -> RunRecord:
