@@ -14,16 +14,21 @@ exports on live traffic means exactly what the offline eval prints.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from typing import TypeVar
+
+# NOTE: a "token" is a token id, or, where an answer carries no ids (the router's shadow
+# of OpenAI answers), the token's text or one character: anything that compares by value
+K = TypeVar("K", bound=Hashable)
 
 
-def first_divergence(base: Sequence[int], cand: Sequence[int]) -> int | None:
+def first_divergence(base: Sequence[Hashable], cand: Sequence[Hashable]) -> int | None:
     """Index of the first differing token; None when equal or one is a prefix of the
     other (a length difference is not a token difference)."""
     return next((i for i, (x, y) in enumerate(zip(base, cand, strict=False)) if x != y), None)
 
 
-def prefix_share(base: Sequence[int], cand: Sequence[int]) -> float:
+def prefix_share(base: Sequence[Hashable], cand: Sequence[Hashable]) -> float:
     """Share of ``base``'s tokens before the first difference (the shorter length when
     one is a prefix of the other)."""
     div = first_divergence(base, cand)
@@ -31,7 +36,7 @@ def prefix_share(base: Sequence[int], cand: Sequence[int]) -> float:
     return n / max(len(base), 1)
 
 
-def greedy_match(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> tuple[float, float]:
+def greedy_match(pairs: Sequence[tuple[Sequence[Hashable], Sequence[Hashable]]]) -> tuple[float, float]:
     """(share of identical outputs, mean share of tokens before the first difference)
     over (baseline, candidate) token lists."""
     if not pairs:
@@ -40,7 +45,7 @@ def greedy_match(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> tuple[
     return same / len(pairs), sum(prefix_share(b, c) for b, c in pairs) / len(pairs)
 
 
-def topk_kl(base_top: Mapping[int, float], cand_top: Mapping[int, float]) -> float:
+def topk_kl(base_top: Mapping[K, float], cand_top: Mapping[K, float]) -> float:
     """KL(base || cand) in nats at one position from each side's top-k logprobs.
 
     The sum over the baseline's top-k tokens of p (log p - log q), where a token outside
@@ -56,7 +61,7 @@ def topk_kl(base_top: Mapping[int, float], cand_top: Mapping[int, float]) -> flo
     return max(kl, 0.0)
 
 
-def mean_topk_kl(base_tops: Sequence[Mapping[int, float]], cand_tops: Sequence[Mapping[int, float]]) -> float:
+def mean_topk_kl(base_tops: Sequence[Mapping[K, float]], cand_tops: Sequence[Mapping[K, float]]) -> float:
     """Mean of ``topk_kl`` over positions (the two sequences pair up position by position)."""
     if len(base_tops) != len(cand_tops):
         raise ValueError(f"{len(base_tops)} baseline positions against {len(cand_tops)} candidate positions")

@@ -43,6 +43,7 @@ from runtime.router.rollout import Rollout
 from runtime.router.rollout_plan import Plan
 from runtime.router.rollout_store import RolloutStore
 from runtime.router.shadow import PairComparison, SendFn, ShadowRunner
+from runtime.router.shadow_answers import shadowable
 from runtime.router.split_metrics import Outcome, SplitMetrics
 from runtime.router.workers import WorkerPool
 from runtime.server.tenant import TenantLabels
@@ -71,9 +72,11 @@ class ShadowTotals:
     length_sum: float = 0.0
     valid: Counter[str] = field(default_factory=Counter)  # "baseline" / "candidate": valid outputs
     constrained: Counter[str] = field(default_factory=Counter)  # ... constrained outputs checked
+    units: Counter[str] = field(default_factory=Counter)  # pairs compared on "ids" / "tokens" / "text"
 
     def add(self, p: PairComparison) -> None:
         self.pairs += 1
+        self.units[p.unit] += 1
         self.prefix_sum += p.prefix_share
         self.length_sum += p.length_ratio
         if p.greedy:
@@ -172,9 +175,9 @@ class Canary(Collector):
             self.shadow = ShadowRunner(self.plan.shadow, send, self._on_pair, user_inflight)
             self.shadow.start()
 
-    def shadow_wanted(self, assignment: Assignment, path: str, stream: bool) -> bool:
+    def shadow_wanted(self, assignment: Assignment, path: str, body: Mapping[str, Any]) -> bool:
         return (self.shadow is not None and self.plan is not None and assignment.eligible
-                and assignment.pool == self.plan.baseline and path == "/generate" and not stream
+                and assignment.pool == self.plan.baseline and shadowable(path, body)
                 and self.pool_healthy(self.plan.candidate) and self.shadow.wants())
 
     def _on_pair(self, pair: PairComparison) -> None:
@@ -222,7 +225,8 @@ class Canary(Collector):
                   "mean_kl": t.kl_sum / t.kl_pairs if t.kl_pairs else None, "kl_pairs": t.kl_pairs,
                   "prefix_share": t.prefix_sum / t.pairs if t.pairs else None,
                   "length_ratio": t.length_sum / t.pairs if t.pairs else None,
-                  "constraint_valid": {s: t.valid[s] / n for s, n in t.constrained.items() if n}}
+                  "constraint_valid": {s: t.valid[s] / n for s, n in t.constrained.items() if n},
+                  "units": dict(t.units)}
         pools = {name: {"workers": [self.workers.workers[i].url for i in idx],
                         "healthy": self.pool_healthy(name), "version": self.versions.get(name)}
                  for name, idx in self.pools.members.items()}

@@ -289,11 +289,11 @@ def _maybe_shadow(router: Router, watch: _Watch, request: Request, attempt: _Att
                   answer: dict[str, Any] | None) -> None:
     body = watch.body
     if (answer is None or attempt.upstream.status_code != 200 or not isinstance(body, dict)
-            or not router.canary.shadow_wanted(watch.assignment, request.url.path, bool(body.get("stream")))):
+            or not router.canary.shadow_wanted(watch.assignment, request.url.path, body)):
         return
     headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
     assert router.canary.shadow is not None
-    router.canary.shadow.offer(ShadowJob(body, headers, answer))
+    router.canary.shadow.offer(ShadowJob(request.url.path, body, headers, answer))
 
 
 async def send_shadow(router: Router, job: ShadowJob) -> dict[str, Any] | None:
@@ -307,7 +307,7 @@ async def send_shadow(router: Router, job: ShadowJob) -> dict[str, Any] | None:
         return None
     worker = router.pool.workers[min(healthy, key=lambda i: router.pool.workers[i].load)]
     # NOTE: a bound on the wait: one hung shadow job would otherwise stop them all
-    resp = await router.client.post(worker.url + "/generate", json={**job.body, "stream": False},
+    resp = await router.client.post(worker.url + job.path, json={**job.body, "stream": False},
                                     headers=job.headers, timeout=SHADOW_TIMEOUT_S)
     answer = resp.json() if resp.status_code == 200 else None
     return answer if isinstance(answer, dict) else None

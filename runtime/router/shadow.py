@@ -1,5 +1,7 @@
-"""Live quality replay: a share of the baseline's ``/generate`` requests is sent again to
-the candidate in the background, and the two answers are compared. The user only ever
+"""Live quality replay: a share of the baseline's non-streamed ``/generate``,
+``/v1/completions`` and ``/v1/chat/completions`` requests is sent again to the candidate
+in the background, and the two answers are compared (on token ids where the answer
+carries them, else token texts, else characters: ``shadow_answers``). The user only ever
 gets the baseline's answer. Torch-free.
 
 Per pair (``compare_pair``), with ``runtime.eval.compare`` (the functions ``arbor eval``
@@ -20,12 +22,13 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from runtime.eval.compare import first_divergence, mean_topk_kl, prefix_share
 from runtime.router.rollout_plan import ShadowSettings
+from runtime.router.shadow_answers import answer_tokens, is_greedy
 
 log = logging.getLogger("arbor.router.shadow")
 
@@ -41,39 +44,34 @@ class PairComparison:
     length_ratio: float  # candidate tokens / baseline tokens
     kl: float | None  # mean top-k KL over the shared positions; None: no logprobs on a side
     kl_positions: int
+    unit: str  # what was compared: "ids", "tokens" (token texts) or "text" (characters)
 
 
-def is_greedy(body: Mapping[str, Any]) -> bool:
-    params = body.get("sampling_params") or {}
-    return isinstance(params, dict) and params.get("temperature", 1.0) == 0.0
+def compare_pair(body: Mapping[str, Any], base: Mapping[str, Any], cand: Mapping[str, Any],
+                 path: str = "/generate") -> PairComparison:
+    """Compare two answers (JSON objects) to the request ``body`` on ``path``."""
+    b, c = answer_tokens(path, base), answer_tokens(path, cand)
+    unit, b_toks, c_toks = b.unit, b.tokens, c.tokens
+    b_tops, c_tops = b.tops, c.tops
+    if b.unit != c.unit:  # NOTE: the same request: only a misconfigured worker answers otherwise
+        unit, b_toks, c_toks, b_tops, c_tops = "text", list(b.text), list(c.text), None, None
+    div = first_divergence(b_toks, c_toks)
+    kl, kl_positions = _kl(b_tops, c_tops, div)
+    return PairComparison(is_greedy(path, body), b_toks == c_toks, div, prefix_share(b_toks, c_toks),
+                          b.valid, c.valid, len(c_toks) / max(len(b_toks), 1), kl, kl_positions, unit)
 
 
-def compare_pair(body: Mapping[str, Any], base: Mapping[str, Any], cand: Mapping[str, Any]) -> PairComparison:
-    """Compare two ``/generate`` answers (JSON objects) to the request ``body``."""
-    b_ids, c_ids = list(base["output_ids"]), list(cand["output_ids"])
-    div = first_divergence(b_ids, c_ids)
-    b_meta, c_meta = base.get("meta") or {}, cand.get("meta") or {}
-    kl, kl_positions = _kl(b_meta.get("top_logprobs"), c_meta.get("top_logprobs"), div)
-    return PairComparison(is_greedy(body), b_ids == c_ids, div, prefix_share(b_ids, c_ids),
-                          _valid(b_meta), _valid(c_meta), len(c_ids) / max(len(b_ids), 1), kl, kl_positions)
-
-
-def _valid(meta: Mapping[str, Any]) -> bool | None:
-    check = meta.get("constraint_check")
-    return check.get("valid") if isinstance(check, dict) else None
-
-
-def _kl(base_tops: Any, cand_tops: Any, div: int | None) -> tuple[float | None, int]:
+def _kl(base_tops: list[dict[Hashable, float]] | None, cand_tops: list[dict[Hashable, float]] | None,
+        div: int | None) -> tuple[float | None, int]:
     if not base_tops or not cand_tops:
         return None, 0
-    shared = min(len(base_tops), len(cand_tops)) if div is None else div + 1
-    b = [{int(t): float(lp) for t, lp in top.items()} for top in base_tops[:shared]]
-    c = [{int(t): float(lp) for t, lp in top.items()} for top in cand_tops[:shared]]
-    return (mean_topk_kl(b, c), shared) if b else (None, 0)
+    shared = min(len(base_tops), len(cand_tops)) if div is None else min(div + 1, len(base_tops), len(cand_tops))
+    return (mean_topk_kl(base_tops[:shared], cand_tops[:shared]), shared) if shared else (None, 0)
 
 
 @dataclass(frozen=True)
 class ShadowJob:
+    path: str  # the route ("/generate", "/v1/completions", "/v1/chat/completions")
     body: dict[str, Any]  # the user's request (sent again with stream off)
     headers: list[tuple[str, str]]
     base_answer: dict[str, Any]
@@ -147,12 +145,12 @@ class ShadowRunner:
         answer = None
         with contextlib.suppress(Exception):
             answer = await self.send(job)
-        if answer is None or "output_ids" not in answer:
+        if answer is None:
             self.counts["failed"] += 1
             return
         try:
-            pair = compare_pair(job.body, job.base_answer, answer)
-        except (KeyError, TypeError, ValueError) as exc:
+            pair = compare_pair(job.body, job.base_answer, answer, job.path)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             log.warning("shadow pair not comparable: %s", exc)
             self.counts["failed"] += 1
             return

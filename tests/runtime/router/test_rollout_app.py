@@ -65,7 +65,7 @@ class VersionedWorker:
             await asyncio.sleep(self.delay_s)
             if self.status != 200:
                 return JSONResponse({"error": {"message": "boom", "code": self.status}}, self.status, headers=headers)
-            ids = [len(body.get("text", "")) + i + (self.shift if i >= 2 else 0) for i in range(4)]
+            ids = self._ids(body.get("text", ""))
             tops = [{str(t): -0.1, str(t + 1000): -2.5} for t in ids]
             meta: dict[str, Any] = {"prompt_tokens": 700, "completion_tokens": 4, "cached_tokens": 100,
                                     "top_logprobs": tops}
@@ -76,7 +76,41 @@ class VersionedWorker:
                 return StreamingResponse(self._events(answer), media_type="text/event-stream", headers=headers)
             return JSONResponse(answer, headers=headers)
 
+        @app.post("/v1/completions")
+        async def completions(request: Request) -> Response:
+            body = await request.json()
+            self.seen += 1
+            ids = self._ids(body.get("prompt", ""))
+            name = (lambda t: f"token_id:{t}") if body.get("return_tokens_as_token_ids") else (lambda t: f"t{t}")
+            choice: dict[str, Any] = {"index": 0, "text": "".join(f"t{t}" for t in ids), "finish_reason": "length"}
+            if body.get("logprobs"):
+                choice["logprobs"] = {"tokens": [name(t) for t in ids], "token_logprobs": [-0.1] * len(ids),
+                                      "top_logprobs": [{name(t): -0.1, name(t + 1000): -2.5} for t in ids],
+                                      "text_offset": list(range(len(ids)))}
+            return JSONResponse({"object": "text_completion", "choices": [choice],
+                                 "usage": {"prompt_tokens": 3, "completion_tokens": 4}}, headers=headers)
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request) -> Response:
+            body = await request.json()
+            self.seen += 1
+            ids = self._ids(body["messages"][-1]["content"])
+            choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "message": {
+                "role": "assistant", "content": "".join(f"t{t}" for t in ids)}}
+            if body.get("logprobs"):
+                choice["logprobs"] = {"content": [
+                    {"token": f"t{t}", "logprob": -0.1, "bytes": None, "top_logprobs": [
+                        {"token": f"t{t}", "logprob": -0.1, "bytes": None},
+                        {"token": f"t{t + 1000}", "logprob": -2.5, "bytes": None}][:body.get("top_logprobs", 0)]}
+                    for t in ids]}
+            return JSONResponse({"object": "chat.completion", "choices": [choice],
+                                 "usage": {"prompt_tokens": 3, "completion_tokens": 4}}, headers=headers)
+
         return app
+
+    def _ids(self, text: str) -> list[int]:
+        """The output: 4 tokens from the prompt's length; the candidate's last two shifted."""
+        return [len(text) + i + (self.shift if i >= 2 else 0) for i in range(4)]
 
     async def _events(self, answer: dict[str, Any]) -> AsyncIterator[str]:
         *head, last = answer["output_ids"]
@@ -228,6 +262,38 @@ def test_shadow_pairs_are_compared_and_exported(setup: Callable[..., Setup]) -> 
     assert metric(metrics, "arbor_rollout_shadow_jobs_total", outcome="compared") == 4
     # weight 0 at this step: the gates do not run (nothing of the candidate's is at stake)
     assert s.canary.rollout.state == "progressing"
+
+
+def test_openai_routes_are_shadowed_on_ids_token_texts_or_text(setup: Callable[..., Setup]) -> None:
+    s = setup(steps=[{"weight": 0, "dwell_s": 3600}, {"weight": 100}], shadow={"share": 1.0, "queue_cap": 64})
+    s.cand.shift = 1  # the candidate's third and fourth tokens differ
+    requests = [  # (route, body, the unit compared, KL expected)
+        ("/v1/completions", {"prompt": "hello", "temperature": 0, "logprobs": 2, "return_tokens_as_token_ids": True},
+         "ids", True),
+        ("/v1/completions", {"prompt": "hello", "temperature": 0}, "text", False),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hello"}], "temperature": 0,
+                                  "logprobs": True, "top_logprobs": 2}, "tokens", True),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hello"}], "stream": True}, None, False),
+    ]
+    pairs: list[Any] = []
+    s.canary.shadow_totals.add = pairs.append  # type: ignore[method-assign]  # NOTE: keep each pair
+    with httpx.Client(timeout=30) as client:
+        for i, (route, body, _, _) in enumerate(requests):
+            resp = client.post(s.url + route, json=body, headers={"x-session-id": f"o{i}"})
+            assert resp.status_code == 200 and resp.headers["x-arbor-config-version"] == "base-v1"
+    deadline = time.monotonic() + 5
+    while len(pairs) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.1)
+    assert [p.unit for p in pairs] == ["ids", "text", "tokens"]  # the stream was not shadowed
+    assert s.cand.seen == 3 and s.canary.shadow.counts["compared"] == 3
+    ids, text, tokens = pairs
+    assert all(p.greedy and not p.exact and p.length_ratio == 1.0 for p in pairs)
+    # the baseline's "5 6 7 8" against the candidate's "5 6 8 9": divergence at the third token
+    assert (ids.first_divergence, ids.prefix_share) == (2, 0.5) and (tokens.first_divergence, tokens.prefix_share) == (
+        2, 0.5)
+    assert ids.kl == tokens.kl == pytest.approx(math.exp(-0.1) * 2.4 / 3) and text.kl is None
+    assert text.first_divergence == 5 and text.prefix_share == pytest.approx(5 / 8)  # "t5t6t7t8" vs "t5t6t8t9"
 
 
 def test_admin_api_and_the_rollout_command(setup: Callable[..., Setup], capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,7 +4,9 @@ processes) at a fixed step (25% candidate). 1,000 routed requests over the three
 points (native ``/generate``, ``/v1/completions``, ``/v1/chat/completions``), 500
 sessions twice each, 8 at a time: the candidate's share is within ±3 points of the plan,
 no session switches pool, every request is answered 200, and the router's panel counts
-what the workers got.
+what the workers got. A tenth of the baseline's requests is shadowed on the candidate
+(the same model and config): on all three routes the pairs compare (token ids, token
+texts, or text) as identical, with a KL near 0 where logprobs were asked.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def routed(tiny_llama_dir: Path, tmp_path: Path) -> Iterator[tuple[str, dict[str
     workers = {f"http://127.0.0.1:{free_port()}": pool for pool in ("baseline", "candidate")}
     plan = {"baseline": "baseline", "candidate": "candidate", "sticky": ["session"], "min_samples": 20,
             "steps": [{"weight": WEIGHT, "dwell_s": 3600}, {"weight": 100}],
-            "gates": [{"metric": "error_rate", "max": 0.01}]}
+            "gates": [{"metric": "error_rate", "max": 0.01}], "shadow": {"share": 0.1}}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     router = f"http://127.0.0.1:{free_port()}"
     try:
@@ -76,14 +78,20 @@ def routed(tiny_llama_dir: Path, tmp_path: Path) -> Iterator[tuple[str, dict[str
 
 
 def request(i: int, model: str) -> tuple[str, dict[str, Any]]:
-    """The i-th request: (path, body); the three entry points in turn, 2 output tokens."""
+    """The i-th request: (path, body); the three entry points in turn, 2 output tokens,
+    every other OpenAI one with top logprobs (completions: as token ids)."""
     text = f"Request {i}: say something."
     if i % 3 == 0:
         return "/generate", {"text": text, "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+    tops: dict[str, Any] = {}
     if i % 3 == 1:
-        return "/v1/completions", {"model": model, "prompt": text, "max_tokens": 2, "temperature": 0}
+        if i % 2:
+            tops = {"logprobs": 3, "return_tokens_as_token_ids": True}
+        return "/v1/completions", {"model": model, "prompt": text, "max_tokens": 2, "temperature": 0, **tops}
+    if i % 2:
+        tops = {"logprobs": True, "top_logprobs": 3}
     return "/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": text}],
-                                    "max_tokens": 2, "temperature": 0}
+                                    "max_tokens": 2, "temperature": 0, **tops}
 
 
 def test_share_and_stickiness_over_1000_requests_to_real_workers(routed: tuple[str, dict[str, str]]) -> None:
@@ -100,8 +108,15 @@ def test_share_and_stickiness_over_1000_requests_to_real_workers(routed: tuple[s
 
         with ThreadPoolExecutor(8) as pool:
             results = list(pool.map(send, range(NUM_REQUESTS)))
-        status = client.get("/rollout").json()
-    took = time.monotonic() - started
+        took = time.monotonic() - started
+        deadline = time.monotonic() + 60
+        while True:  # NOTE: the shadow queue drains after the users are done
+            status = client.get("/rollout").json()
+            jobs = status["shadow"]["jobs"]
+            done = sum(jobs.get(k, 0) for k in ("compared", "failed", "dropped_full", "dropped_load"))
+            if done == jobs.get("offered", 0) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
     assert Counter(code for _, code, _ in results) == {200: NUM_REQUESTS}
     pools_of: dict[str, set[str]] = {}
     for session, _, pool in results:
@@ -114,4 +129,10 @@ def test_share_and_stickiness_over_1000_requests_to_real_workers(routed: tuple[s
     assert panel["baseline"]["requests"] + panel["candidate"]["requests"] == NUM_REQUESTS
     assert panel["candidate"]["errors"] == panel["baseline"]["errors"] == 0
     assert status["state"] == "progressing" and status["weights"] == {"candidate": WEIGHT, "baseline": 100 - WEIGHT}
-    print(f"{NUM_REQUESTS} requests in {took:.1f} s: candidate share {share:.1f}% (plan {WEIGHT}%)")
+    shadow = status["shadow"]
+    assert shadow["jobs"]["compared"] >= 20 and shadow["jobs"].get("failed", 0) == 0
+    assert set(shadow["units"]) == {"ids", "tokens", "text"}
+    # NOTE: the same weights and config; batches differ, so allow a rare float-level flip
+    assert shadow["exact_match"] >= 0.9 and shadow["kl_pairs"] > 0 and shadow["mean_kl"] < 0.01
+    print(f"{NUM_REQUESTS} requests in {took:.1f} s: candidate share {share:.1f}% (plan {WEIGHT}%); "
+          f"shadow {shadow}")

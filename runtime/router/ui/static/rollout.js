@@ -102,6 +102,7 @@ function drawShadow(s) {
     ["prefix_share", "before 1st divergence", pct(s.prefix_share)],
     ["length_ratio", "length ratio", fmtNum(s.length_ratio, 3)],
     ["constraint_valid", "constraint valid", valid || "–"],
+    ["units", "compared on", Object.entries(s.units || {}).map(([u, n]) => `${u} ${n}`).join(" · ") || "–"],
     ["jobs", "jobs", ["offered", "compared", "failed", "dropped_full", "dropped_load"]
       .map((k) => `${k.replace("_", " ")} ${jobs[k] || 0}`).join(" · ")],
   ];
