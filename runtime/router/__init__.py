@@ -16,7 +16,9 @@ Rollouts (``docs/rollouts.md``; the core torch-free and clock-injectable):
     rollout        the state machine (advance, roll back, promote, pause, set weight)
     rollout_store  its SQLite state and event log
     shadow         the live quality replay (a bounded queue; ``runtime.eval.compare``)
+    shadow_answers what a pair compares per route (token ids, token texts or text)
     split_metrics  router metrics by pool / model / config version / tenant / entry / context
     canary         the rollout inside the router (routing, checks, rollout metrics)
     rollout_cli    ``arbor rollout status|promote|rollback|pause|resume|weight``
+    ui             ``GET /ui``: the rollout page (static HTML + JS over ``GET /rollout``'s JSON)
 """

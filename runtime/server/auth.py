@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import urllib.parse
 from http.cookies import SimpleCookie
+from pathlib import Path
 
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.server.limits import send_error
@@ -20,6 +23,9 @@ from runtime.server.limits import send_error
 OPEN_PATHS = frozenset({"/health", "/ui/login"})
 UI_PREFIX = "/ui"
 UI_COOKIE = "arbor_ui"
+# NOTE: the /ui pages' shared files (login page, stylesheet), read by path so that the
+# router (torch-free) can serve them without importing the server's page module
+UI_STATIC = Path(__file__).parent / "ui" / "static"
 
 
 def ui_token(api_key: str) -> str:
@@ -73,3 +79,18 @@ class ApiKeyMiddleware:
             return
         await send_error(send, 401, "missing or invalid API key (Authorization: Bearer <key>)",
                          "authentication_error", [(b"www-authenticate", b"Bearer")])
+
+
+def login_response(form: bytes, api_key: str | None, cookie_name: str, cookie_value: str | None,
+                   login_page: bytes) -> Response:
+    """``POST /ui/login`` (the server's and the router's): the form's ``key`` checked in
+    constant time; a match sets the ``/ui`` cookie and goes to ``/ui``."""
+    key = urllib.parse.parse_qs(form.decode("utf-8", "replace")).get("key", [""])[0]
+    if api_key is None or cookie_value is None:
+        return RedirectResponse("/ui", status_code=303)
+    if not hmac.compare_digest(key.encode(), api_key.encode()):
+        return HTMLResponse(login_page.replace(b"<!--error-->", b'<p class="error">Wrong key.</p>'),
+                            status_code=401)
+    response = RedirectResponse("/ui", status_code=303)
+    response.set_cookie(cookie_name, cookie_value, httponly=True, samesite="strict", path="/ui")
+    return response

@@ -12,6 +12,8 @@ the gate, its figures and the time).
     GET  /ui/static/{file}   the page's JS and CSS
     GET  /ui/api/rollout     the same JSON as ``GET /rollout`` (404 without a plan)
 
+Any other ``/ui/...`` path is answered 404 here, never relayed to a worker.
+
 NOTE: the page reads ``/ui/api/rollout``, not ``/rollout``: with ``--api-key`` a browser
 holds only the login cookie, which opens ``/ui`` paths and nothing else (the same rule as
 the server's page), so the admin API itself still needs the key in the header.
@@ -26,17 +28,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from runtime.server.auth import UI_COOKIE, ui_token
-from runtime.server.ui import LOGIN_PAGE as SERVER_LOGIN_PAGE
-from runtime.server.ui import STATIC as SERVER_STATIC
-from runtime.server.ui import login_response
+from runtime.server.auth import UI_COOKIE, UI_STATIC, login_response, ui_token
 
 STATIC = Path(__file__).parent / "static"
 # name -> (file, media type); the stylesheet is the server page's, so the two pages look alike
 STATIC_FILES = {"rollout.js": (STATIC / "rollout.js", "text/javascript"),
                 "rollout.css": (STATIC / "rollout.css", "text/css"),
-                "ui.css": (SERVER_STATIC / "ui.css", "text/css")}
-LOGIN_PAGE = SERVER_LOGIN_PAGE.replace(b"Arbor server", b"Arbor router")
+                "ui.css": (UI_STATIC / "ui.css", "text/css")}
+LOGIN_PAGE = (UI_STATIC / "login.html").read_bytes().replace(b"Arbor server", b"Arbor router")
 
 
 def build_router(status: Callable[[], JSONResponse], api_key: str | None) -> APIRouter:
@@ -62,5 +61,11 @@ def build_router(status: Callable[[], JSONResponse], api_key: str | None) -> API
     @router.get("/ui/api/rollout")
     async def rollout() -> JSONResponse:
         return status()
+
+    # NOTE: never relayed: the login cookie opens /ui paths, and the workers' own /ui
+    # (their programs form) must not be reachable through the router with it
+    @router.api_route("/ui/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"], response_model=None)
+    async def not_ours(rest: str) -> Response:
+        raise HTTPException(404, f"the router has no /ui/{rest}")
 
     return router

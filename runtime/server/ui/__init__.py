@@ -19,21 +19,19 @@ events as they stream in (the programs API, also mounted under ``/ui/api``).
 
 from __future__ import annotations
 
-import hmac
 import time
-import urllib.parse
-from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from fastapi.responses import FileResponse, Response
 from starlette.exceptions import HTTPException
 
+from runtime.server.auth import UI_STATIC, login_response
 from runtime.server.run_log import RunRecord
 from runtime.server.serving import ServerContext
 from runtime.trace_timeline import render_timeline
 
-STATIC = Path(__file__).parent / "static"
+STATIC = UI_STATIC
 STATIC_FILES = {"ui.js": "text/javascript", "ui.css": "text/css"}
 LOGIN_PAGE = (STATIC / "login.html").read_bytes()
 WINDOWS_S = (60.0, 300.0)  # the percentile windows shown
@@ -79,21 +77,6 @@ def build_router(ctx: ServerContext, api_key: str | None, cookie_name: str, cook
         return Response(render_timeline(record.trace), media_type="image/svg+xml")
 
     return router
-
-
-def login_response(form: bytes, api_key: str | None, cookie_name: str, cookie_value: str | None,
-                   login_page: bytes) -> Response:
-    """``POST /ui/login`` (the server's and the router's): the form's ``key`` checked in
-    constant time; a match sets the ``/ui`` cookie and goes to ``/ui``."""
-    key = urllib.parse.parse_qs(form.decode("utf-8", "replace")).get("key", [""])[0]
-    if api_key is None or cookie_value is None:
-        return RedirectResponse("/ui", status_code=303)
-    if not hmac.compare_digest(key.encode(), api_key.encode()):
-        return HTMLResponse(login_page.replace(b"<!--error-->", b'<p class="error">Wrong key.</p>'),
-                            status_code=401)
-    response = RedirectResponse("/ui", status_code=303)
-    response.set_cookie(cookie_name, cookie_value, httponly=True, samesite="strict", path="/ui")
-    return response
 
 
 def _record(ctx: ServerContext, run_id: str) -> RunRecord:

@@ -51,6 +51,12 @@ def test_ui_needs_the_key_and_its_json_is_the_rollout_status(keyed_router: tuple
             assert resp.status_code == 200 and resp.headers["content-type"].startswith(kind) and resp.text
         assert anon.get("/ui/static/../app.py").status_code == 404
         assert anon.get("/ui/static/index.html").status_code == 404
+        # other /ui paths are not relayed: the cookie must not open the workers' own /ui
+        for path in ("/ui/api/live", "/ui/api/programs", "/ui/app.py"):
+            resp = anon.get(path)
+            assert resp.status_code == 404 and "the router has no /ui/" in resp.text
+        assert anon.post("/ui/api/programs/qa", json={}).status_code == 404
+        assert httpx.get(url + "/rollout", headers=auth()).json()["panel"] == {}  # nothing was relayed
         # the cookie opens /ui only: the admin API and the relayed routes still need the header
         assert anon.get("/rollout").status_code == 401
         assert anon.post("/rollout/rollback").status_code == 401
