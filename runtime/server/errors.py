@@ -1,7 +1,8 @@
 """Exceptions → HTTP answers, in one table. Every error is JSON ``{"error": {...}}``.
 
     InvalidRequestError, PromptTooLongError, ConstraintError  → 400
-    pydantic / FastAPI validation (wrong types, malformed JSON) → 422 (400 for bad JSON)
+    pydantic / FastAPI validation (wrong types, malformed JSON) → 422 (400 for bad JSON
+                                                         and for unknown fields)
     ProgramNotFoundError, ModelNotFoundError                  → 404
     ProgramLimitExceededError (a run past its bounds)         → 422
     GenerationFailedError, ProgramRunFailedError              → 500
@@ -26,6 +27,7 @@ from starlette.requests import Request
 from grammars import ConstraintError
 from runtime.errors import EngineClosedError, InvalidRequestError, PromptTooLongError
 from runtime.outputs import RequestOutput
+from runtime.server.api.fields import unknown_message
 from runtime.server.hosting import ProgramLimitExceededError, ProgramRunFailedError
 from runtime.server.limits import Overloaded, error_body
 from runtime.server.serving import (
@@ -102,6 +104,9 @@ def install_error_handlers(app: FastAPI, ctx: ServerContext) -> None:
         errors = exc.errors()
         if any(e.get("type") == "json_invalid" for e in errors):
             return answer(400, "invalid_json", f"malformed JSON body: {_describe(errors)}")
+        if all(e.get("type") == "extra_forbidden" for e in errors):  # api/fields.py: unknown is a 400
+            paths = [".".join(str(p) for p in e.get("loc", ()) if p != "body") for e in errors]
+            return answer(400, "unknown_field", unknown_message(paths))
         return answer(422, "validation_error", _describe(errors))
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
