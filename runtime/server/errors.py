@@ -105,7 +105,8 @@ def install_error_handlers(app: FastAPI, ctx: ServerContext) -> None:
         if any(e.get("type") == "json_invalid" for e in errors):
             return answer(400, "invalid_json", f"malformed JSON body: {_describe(errors)}")
         if all(e.get("type") == "extra_forbidden" for e in errors):  # api/fields.py: unknown is a 400
-            paths = [".".join(str(p) for p in e.get("loc", ()) if p != "body") for e in errors]
+            paths = [".".join(str(p) for p in e.get("loc", ()) if p != "body" and not _is_union_tag(p))
+                     for e in errors]
             return answer(400, "unknown_field", unknown_message(paths))
         return answer(422, "validation_error", _describe(errors))
 
@@ -126,11 +127,20 @@ def retry_headers(exc: BaseException) -> dict[str, str] | None:
     return None
 
 
+_PLAIN_TYPES = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
+
+
+def _is_union_tag(part: Any) -> bool:
+    """A ``loc`` part naming the member of a union tried (``list[int]``, ``SglSamplingParams``),
+    not a field: left out of the path a client reads."""
+    return isinstance(part, str) and ("[" in part or part[:1].isupper() or part in _PLAIN_TYPES)
+
+
 def _describe(errors: Any) -> str:
     """``loc: msg`` for each pydantic error, joined."""
     parts = []
     for e in errors:
-        loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
+        loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body" and not _is_union_tag(p))
         parts.append(f"{loc or 'body'}: {e.get('msg', 'invalid')}")
     return "; ".join(parts)
 

@@ -9,7 +9,6 @@ from typing import Any
 
 from fastapi import Request
 
-import grammars
 from runtime.errors import InvalidRequestError
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams

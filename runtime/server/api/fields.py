@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
@@ -43,12 +43,13 @@ class WireModel(BaseModel):
     route can name them (``check_fields``); an explicit null is the field's default."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
+    keep_null: ClassVar[frozenset[str]] = frozenset()  # fields where null has a meaning of its own
 
     @model_validator(mode="before")
     @classmethod
     def _null_is_default(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            return {k: v for k, v in data.items() if v is not None}
+            return {k: v for k, v in data.items() if v is not None or k in cls.keep_null}
         return data
 
 
