@@ -42,7 +42,8 @@ def api_schema(fuzz_server: LiveServer) -> Any:
 
 POSTS = ["/generate", "/tokenize", "/detokenize", "/apply_chat_template", "/v1/completions",
          "/v1/chat/completions", "/programs/{name}"]
-GETS = ["/tokenizer_info", "/engine_metrics", "/v1/models", "/programs", "/health"]
+GETS = ["/tokenizer_info", "/engine_metrics", "/v1/models", "/programs", "/health", "/get_model_info",
+        "/model_info", "/server_info", "/get_server_info", "/flush_cache"]
 # NOTE: a GET has no body to break: only the positive mode applies.
 OPERATIONS = ([("POST", p, m) for p in POSTS for m in ("positive", "negative")]
               + [("GET", p, "positive") for p in GETS])
