@@ -41,7 +41,8 @@ def api_schema(fuzz_server: LiveServer) -> Any:
 
 
 POSTS = ["/generate", "/tokenize", "/detokenize", "/apply_chat_template", "/v1/completions",
-         "/v1/chat/completions", "/v1/responses", "/programs/{name}"]
+         "/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
+         "/programs/{name}"]
 GETS = ["/tokenizer_info", "/engine_metrics", "/v1/models", "/programs", "/health", "/get_model_info",
         "/model_info", "/server_info", "/get_server_info", "/flush_cache"]
 # NOTE: a GET has no body to break: only the positive mode applies.
