@@ -8,10 +8,12 @@ routes:
     GET /health    200 while at least one worker is healthy (503 otherwise), with each
                    worker's URL, health, load and last error
     GET /metrics   the router's metrics (``metrics.py``); each worker keeps its own
+    GET|POST /flush_cache  SGLang's cache flush, sent to every healthy worker
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -89,6 +91,23 @@ def create_router_app(
     @app.get("/metrics")
     async def metrics_route() -> Response:
         return Response(stats.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_route(request: Request) -> JSONResponse:
+        """SGLang's ``/flush_cache`` on every healthy worker (each has its own prefix cache);
+        the policy forgets what it knew of their caches."""
+        client = holder["router"].client
+        headers = {k: v for k in ("authorization", "x-api-key") if (v := request.headers.get(k)) is not None}
+        healthy = [w for w in pool.workers if w.healthy]
+        answers = await asyncio.gather(*(client.post(w.url + "/flush_cache", headers=headers) for w in healthy),
+                                       return_exceptions=True)
+        flushed = []
+        for worker, answer in zip(healthy, answers, strict=True):
+            if isinstance(answer, httpx.Response) and answer.status_code == 200:
+                routing.forget(worker.index)
+                flushed.append(worker.url)
+        ok = len(flushed) == len(healthy)
+        return JSONResponse({"flushed": flushed, "workers": len(pool.workers)}, status_code=200 if ok else 502)
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def relay(request: Request) -> Response:

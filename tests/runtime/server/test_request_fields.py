@@ -153,16 +153,3 @@ def test_a_constraint_that_cannot_be_honoured_is_a_400(http: Any, fields: dict[s
     r = chat(http, max_tokens=4, **fields)
     assert r.status_code == 400, r.text
     assert said in r.json()["error"]["message"]
-
-
-def test_the_grammar_translation_keeps_gbnf_meaning() -> None:
-    from grammars.ebnf import grammar_constraint, is_lark
-
-    assert not is_lark('root ::= "a"') and is_lark('start: "a"')
-    g = grammar_constraint('root ::= item ("," item){0,2}\nitem ::= [0-9]+ ws\nws ::= [ ]*')
-    import lark
-
-    parser = lark.Lark(g.lark_text, start="start")
-    parser.parse("1,22 ,3")
-    with pytest.raises(lark.exceptions.LarkError):
-        parser.parse("1,2,3,4")  # at most two more items

@@ -159,6 +159,10 @@ def test_logprobs_of_the_generated_tokens(backend: Any, engine: Any) -> None:
 
 
 def test_programs_run_through_the_router(routed_backend: Any, engine: Any) -> None:
+    complete.run(PROMPT * 6, backend=routed_backend)
+    assert engine.wait_idle(30) and engine.metrics()["kv_pages_cached"] > 0
+    routed_backend.flush_cache()  # the router sends it to every worker
+    assert engine.metrics()["kv_pages_cached"] == 0
     state = complete.run(PROMPT, backend=routed_backend)
     assert state["x"] == greedy(engine, PROMPT, 6).text
     streamed = complete.run(PROMPT, max_tokens=5, stream=True, backend=routed_backend)
