@@ -43,3 +43,11 @@ def test_bounded_repetition_and_empty_rules_keep_their_meaning() -> None:
 def test_what_cannot_be_translated_exactly_is_refused(text: str, said: str) -> None:
     with pytest.raises(ConstraintError, match=said):
         grammar_constraint(text)
+
+
+def test_a_grammar_that_matches_no_text_is_refused() -> None:
+    with pytest.raises(ConstraintError, match="matches no text"):
+        grammar_constraint("root ::= root")
+    with pytest.raises(ConstraintError, match="matches no text"):
+        grammar_constraint('start: a\na: a "y"')
+    grammar_constraint('start: a | "x"\na: a "y" | "z"')  # recursion with an exit is fine

@@ -195,7 +195,8 @@ async def _events(ctx: ServerContext, call: MessagesCall, stream: EngineStream) 
         ctx.metrics.requests.labels("messages_stream", "200").inc()
     except Exception as exc:  # the status line is gone: report in-band
         body = stream_error_event(exc, ctx)
-        yield _event("error", error={"type": body["error"]["type"], "message": body["error"]["message"]})
+        yield _event("error", error={"type": body["error"]["type"], "message": body["error"]["message"],
+                                     "code": body["error"]["code"]})
 
 
 def _whole_block(index: int, block: schema.TextOut | schema.ToolUseOut) -> list[str]:

@@ -75,9 +75,15 @@ class GeneratePlan:
             sps = sps * len(prompts)
         if len(sps) != len(prompts):
             raise InvalidRequestError(f"{len(sps)} sampling_params for {len(prompts)} prompts")
+        for name in ("return_logprob", "logprob_start_len", "top_logprobs_num", "rid"):
+            value = getattr(body, name)
+            if isinstance(value, list) and len(value) != len(prompts):
+                raise InvalidRequestError(f"{name} has {len(value)} values for {len(prompts)} prompts")
         n = sps[0].n
         if any(sp.n != n for sp in sps):
             raise InvalidRequestError("every prompt of a batch needs the same n")
+        if n > ctx.limits.max_n:
+            raise InvalidRequestError(f"n is {n}; this server allows at most {ctx.limits.max_n}")
         self.batched = isinstance(body.text, list) or _is_batch(body.input_ids) or n > 1
         self.jobs = [self._job(i, ids, sps[i], j) for j in range(n) for i, ids in enumerate(prompts)]
 
@@ -96,9 +102,9 @@ class GeneratePlan:
 
     def _job(self, i: int, ids: list[int], sp: schema.SglSamplingParams, sample: int) -> Job:
         engine, limits = self.ctx.engine, self.ctx.limits
-        return_logprob = bool(_at(self.body.return_logprob, i, "return_logprob"))
-        start = int(_at(self.body.logprob_start_len, i, "logprob_start_len"))
-        top = int(_at(self.body.top_logprobs_num, i, "top_logprobs_num"))
+        return_logprob = bool(_at(self.body.return_logprob, i))
+        start = int(_at(self.body.logprob_start_len, i))
+        top = int(_at(self.body.top_logprobs_num, i))
         if start < -1 or top < 0:
             raise InvalidRequestError("logprob_start_len must be >= -1 and top_logprobs_num >= 0")
         input_start = start if return_logprob and 0 <= start < len(ids) else None
@@ -128,7 +134,7 @@ class GeneratePlan:
             prompt_logprobs=prompt_logprobs, logprob_start_len=lp_start,
             skip_special_tokens=sp.skip_special_tokens, speculation=sp.speculation,
             constraint=_constraint(sp))
-        rid = _at(self.body.rid, i, "rid") if self.body.rid is not None else None
+        rid = _at(self.body.rid, i) if self.body.rid is not None else None
         return Job(ids, params, return_logprob, input_start, top if return_logprob else 0, rid)
 
     # ---- answers ------------------------------------------------------------------------------
@@ -283,13 +289,9 @@ def _meta(out: RequestOutput, stream: EngineStream) -> GenerateMeta:
                         constraint_check=engine_constraints.check_info(out.constraint_check))
 
 
-def _at(value: Any, i: int, name: str) -> Any:
-    """A per-prompt field: one value for all, or a list with one per prompt."""
-    if not isinstance(value, list):
-        return value
-    if i >= len(value):
-        raise InvalidRequestError(f"{name} has {len(value)} values; the batch has more prompts")
-    return value[i]
+def _at(value: Any, i: int) -> Any:
+    """A per-prompt field: one value for all, or a list with one per prompt (checked)."""
+    return value[i] if isinstance(value, list) else value
 
 
 def _is_batch(ids: Any) -> bool:
