@@ -331,6 +331,12 @@ class Engine:
         with self._core.between_steps():
             return on_own_thread(lambda: self._scorer.logits(ids))
 
+    def flush_cache(self) -> int:
+        """Evict every unlocked page of the prefix cache (SGLang's ``/flush_cache``); the
+        pages running requests hold stay. Returns the number of pages evicted."""
+        with self._core.between_steps():
+            return self.cache.evict(self.cache.num_evictable_pages)
+
     # ---- introspection --------------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
         """Counters and gauges of the engine (exported by the server)."""

@@ -9,6 +9,7 @@ routes:
                    worker's URL, health, load and last error
     GET /metrics   the router's metrics (``metrics.py``, ``split_metrics.py``, ``canary.py``);
                    each worker keeps its own
+    GET|POST /flush_cache  SGLang's cache flush, sent to every healthy worker
     GET /ui        the rollout page (``ui/``): baseline vs candidate side by side, the
                    shadow figures, the step, the gates and the event log
 
@@ -24,6 +25,7 @@ and, with a rollout plan, the admin API (``docs/rollouts.md``; 404 without a pla
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -122,6 +124,23 @@ def create_router_app(
     @app.get("/metrics")
     async def metrics_route() -> Response:
         return Response(stats.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_route(request: Request) -> JSONResponse:
+        """SGLang's ``/flush_cache`` on every healthy worker (each has its own prefix cache);
+        the policy forgets what it knew of their caches."""
+        client = holder["router"].client
+        headers = {k: v for k in ("authorization", "x-api-key") if (v := request.headers.get(k)) is not None}
+        healthy = [w for w in pool.workers if w.healthy]
+        answers = await asyncio.gather(*(client.post(w.url + "/flush_cache", headers=headers) for w in healthy),
+                                       return_exceptions=True)
+        flushed = []
+        for worker, answer in zip(healthy, answers, strict=True):
+            if isinstance(answer, httpx.Response) and answer.status_code == 200:
+                routing.forget(worker.index)
+                flushed.append(worker.url)
+        ok = len(flushed) == len(healthy)
+        return JSONResponse({"flushed": flushed, "workers": len(pool.workers)}, status_code=200 if ok else 502)
 
     status = _add_rollout_routes(app, canary)
     app.include_router(ui.build_router(status, api_key))

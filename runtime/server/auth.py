@@ -1,4 +1,5 @@
-"""Optional API key: ``Authorization: Bearer <key>`` on every route but ``/health``.
+"""Optional API key: ``Authorization: Bearer <key>`` (or Anthropic's ``x-api-key: <key>``)
+on every route but ``/health``.
 
 The ``/ui`` page is opened by a browser, which cannot add that header to a navigation, so
 its paths also accept a cookie: ``POST /ui/login`` with the key sets ``arbor_ui`` to a
@@ -58,11 +59,14 @@ class ApiKeyMiddleware:
         self.app = app
         self.login_page = login_page
         self.expected = f"Bearer {api_key}".encode()
+        self.key = api_key.encode()  # NOTE: Anthropic's clients send it as x-api-key
         self.ui_token = ui_token(api_key).encode()
 
     def authorized(self, scope: Scope) -> bool:
         headers = dict(scope["headers"])
         if hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
+            return True
+        if b"x-api-key" in headers and hmac.compare_digest(headers[b"x-api-key"], self.key):
             return True
         cookie = ui_cookie(headers) if is_ui_path(scope["path"]) else None
         return cookie is not None and hmac.compare_digest(cookie.encode(), self.ui_token)

@@ -1,7 +1,8 @@
 """Exceptions → HTTP answers, in one table. Every error is JSON ``{"error": {...}}``.
 
     InvalidRequestError, PromptTooLongError, ConstraintError  → 400
-    pydantic / FastAPI validation (wrong types, malformed JSON) → 422 (400 for bad JSON)
+    pydantic / FastAPI validation (wrong types, malformed JSON) → 422 (400 for bad JSON
+                                                         and for unknown fields)
     ProgramNotFoundError, ModelNotFoundError                  → 404
     ProgramLimitExceededError (a run past its bounds)         → 422
     GenerationFailedError, ProgramRunFailedError              → 500
@@ -26,6 +27,7 @@ from starlette.requests import Request
 from grammars import ConstraintError
 from runtime.errors import EngineClosedError, InvalidRequestError, PromptTooLongError
 from runtime.outputs import RequestOutput
+from runtime.server.api.fields import unknown_message
 from runtime.server.hosting import ProgramLimitExceededError, ProgramRunFailedError
 from runtime.server.limits import Overloaded, error_body
 from runtime.server.serving import (
@@ -102,6 +104,10 @@ def install_error_handlers(app: FastAPI, ctx: ServerContext) -> None:
         errors = exc.errors()
         if any(e.get("type") == "json_invalid" for e in errors):
             return answer(400, "invalid_json", f"malformed JSON body: {_describe(errors)}")
+        if all(e.get("type") == "extra_forbidden" for e in errors):  # api/fields.py: unknown is a 400
+            paths = [".".join(str(p) for p in e.get("loc", ()) if p != "body" and not _is_union_tag(p))
+                     for e in errors]
+            return answer(400, "unknown_field", unknown_message(paths))
         return answer(422, "validation_error", _describe(errors))
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
@@ -121,11 +127,20 @@ def retry_headers(exc: BaseException) -> dict[str, str] | None:
     return None
 
 
+_PLAIN_TYPES = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
+
+
+def _is_union_tag(part: Any) -> bool:
+    """A ``loc`` part naming the member of a union tried (``list[int]``, ``SglSamplingParams``),
+    not a field: left out of the path a client reads."""
+    return isinstance(part, str) and ("[" in part or part[:1].isupper() or part in _PLAIN_TYPES)
+
+
 def _describe(errors: Any) -> str:
     """``loc: msg`` for each pydantic error, joined."""
     parts = []
     for e in errors:
-        loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
+        loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body" and not _is_union_tag(p))
         parts.append(f"{loc or 'body'}: {e.get('msg', 'invalid')}")
     return "; ".join(parts)
 

@@ -56,6 +56,9 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--fault-delay-ms", type=float, default=0.0,
                        help="TEST HOOK: delay every generation request by this many ms (shows a "
                             "rollout's rollback against a slow worker; never in production)")
+    group.add_argument("--unknown-fields", choices=("error", "warn"), default=defaults.unknown_fields,
+                       help="a request field the server does not understand: 'error' (400 naming it, "
+                            "the default) or 'warn' (ignored, named in the X-Arbor-Ignored-Fields header)")
     group.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout_s,
                        help="on SIGTERM, seconds in-flight requests may take before they are aborted")
 
@@ -68,7 +71,8 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
                         max_prompt_tokens=args.max_prompt_tokens,
                         tenant_max_concurrent=args.tenant_max_concurrent,
                         tenant_tokens_per_minute=args.tenant_tokens_per_minute,
-                        shutdown_timeout_s=args.shutdown_timeout)
+                        shutdown_timeout_s=args.shutdown_timeout,
+                        unknown_fields=args.unknown_fields)
 
 
 def serve(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> int:

@@ -39,6 +39,9 @@ class ServerLimits:
     # SIGTERM: stop admitting (503), let requests in flight finish for this long, then
     # abort the rest and exit 0.
     shutdown_timeout_s: float = 30.0
+    # A request field the server does not understand: "error" (400 naming it) or "warn"
+    # (ignored, named in the X-Arbor-Ignored-Fields answer header); see api/fields.py.
+    unknown_fields: str = "error"
 
     def __post_init__(self) -> None:
         for name in ("max_inflight", "max_waiting", "max_body_bytes", "max_tokens",
@@ -49,6 +52,8 @@ class ServerLimits:
                 continue
             if not isinstance(value, int) or value < 1:
                 raise InvalidRequestError(f"{name} must be a positive integer, got {value!r}")
+        if self.unknown_fields not in ("error", "warn"):
+            raise InvalidRequestError(f"unknown_fields must be 'error' or 'warn', got {self.unknown_fields!r}")
         if not self.shutdown_timeout_s >= 0:
             raise InvalidRequestError(f"shutdown_timeout_s must be >= 0, got {self.shutdown_timeout_s!r}")
         for name in ("request_timeout_s", "program_timeout_s"):

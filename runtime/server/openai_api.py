@@ -7,7 +7,7 @@ and ``suffix`` are refused with 400. See ``openai_completions.py`` and ``openai_
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 
 from runtime.server.openai_chat import ChatEndpoint, parse_tool_call, tool_call_schema
 from runtime.server.openai_completions import CompletionEndpoint
@@ -35,11 +35,17 @@ def build_router(ctx: ServerContext) -> APIRouter:
                                for name in ctx.served_model_names or (ctx.model_name,)])
 
     @router.post("/completions", response_model=None)
-    async def completions(body: CompletionRequest, request: Request) -> CompletionResponse | EventStreamResponse:
-        return await CompletionEndpoint(ctx, body, caller_of(request.headers, body.user)).serve(request)
+    async def completions(body: CompletionRequest, request: Request,
+                          response: Response) -> CompletionResponse | EventStreamResponse:
+        endpoint = CompletionEndpoint(ctx, body, caller_of(request.headers, body.user))
+        response.headers.update(endpoint.headers)
+        return await endpoint.serve(request)
 
     @router.post("/chat/completions", response_model=None)
-    async def chat(body: ChatCompletionRequest, request: Request) -> ChatCompletionResponse | EventStreamResponse:
-        return await ChatEndpoint(ctx, body, caller_of(request.headers, body.user)).serve(request)
+    async def chat(body: ChatCompletionRequest, request: Request,
+                   response: Response) -> ChatCompletionResponse | EventStreamResponse:
+        endpoint = ChatEndpoint(ctx, body, caller_of(request.headers, body.user))
+        response.headers.update(endpoint.headers)
+        return await endpoint.serve(request)
 
     return router

@@ -3,13 +3,22 @@
 Forced tool calls (``tool_choice`` "required" or a named function) and ``response_format``
 become a JSON-schema constraint (strict when the format or a forced function says so); each
 final choice says how its output fared against that schema (``constraint_check``).
-``tool_choice="auto"`` describes the tools in the system message and returns a tool call
-when the model's whole answer is one (``{"name": ..., "arguments": {...}}``).
+``tool_choice="auto"`` describes the tools in the system message and returns tool calls
+when the model's whole answer is calls (``{"name": ..., "arguments": {...}}``, a JSON
+list of them, or ``<tool_call>`` blocks).
+
+Parallel tool calls: with ``parallel_tool_calls`` (OpenAI's default: true) an answer may
+hold several calls. ``tool_choice="required"`` is then constrained as a non-empty JSON list
+of calls, each against its tool's schema; a named ``tool_choice`` stays one call of that
+function. With ``parallel_tool_calls: false`` the answer is at most one call (an "auto"
+answer of several calls is returned as content, not cut to its first). Streamed, each call
+is one delta with its ``index``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from fastapi import Request
@@ -30,6 +39,7 @@ from runtime.server.protocol import (
     ChatTool,
     ChoiceLogprobs,
     DeltaToolCall,
+    NamedToolChoice,
     TokenLogprob,
     ToolCallFunction,
     ToolCallOut,
@@ -41,9 +51,10 @@ from runtime.server.tenants import Caller
 
 TOOLS_PROMPT = (
     "You can call the following functions. To call one, answer with a single JSON object "
-    '{{"name": <function name>, "arguments": <arguments object>}} and nothing else.\n'
+    '{{"name": <function name>, "arguments": <arguments object>}} and nothing else.{parallel}\n'
     "Functions:\n{specs}"
 )
+PARALLEL_PROMPT = " To call several at once, answer with a JSON list of such objects."
 
 
 class ChatEndpoint(Endpoint):
@@ -63,11 +74,14 @@ class ChatEndpoint(Endpoint):
                                       "cannot be combined with a forced tool call")
         if body.top_logprobs and not body.logprobs:
             raise InvalidRequestError("top_logprobs needs logprobs=true")
-        constraint = (engine_constraints.json_schema(tool_call_schema(self.forced),
-                                                     strict=any(t.function.strict for t in self.forced),
-                                                     json_bounds=body.json_bounds) if self.forced
-                      else constraint)
-        text = render_chat(ctx.engine, body.messages, self.tools, body.add_generation_prompt)
+        self.parallel = body.parallel_tool_calls and not isinstance(choice, NamedToolChoice)
+        if self.forced:
+            schema = tool_call_schema(self.forced)
+            constraint = engine_constraints.json_schema(
+                calls_list_schema(schema) if self.parallel else schema,
+                strict=any(t.function.strict for t in self.forced), json_bounds=body.json_bounds)
+        text = render_chat(ctx.engine, body.messages, self.tools, body.add_generation_prompt,
+                           self.parallel)
         self.prompt_ids = encode_prompt(ctx.engine, text)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         self.jobs: list[Job] = [
@@ -94,21 +108,21 @@ class ChatEndpoint(Endpoint):
                                       usage=usage([len(self.prompt_ids)], finals))
 
     def _choice(self, index: int, out: RequestOutput) -> ChatChoice:
-        call = self._tool_call(out.text)
-        message = (ChatMessageOut(content=None, tool_calls=[call]) if call is not None
+        calls = self._tool_calls(out.text)
+        message = (ChatMessageOut(content=None, tool_calls=calls) if calls
                    else ChatMessageOut(content=out.text))
-        return ChatChoice(index=index, message=message, finish_reason=self._finish(out, call),
+        return ChatChoice(index=index, message=message, finish_reason=self._finish(out, calls),
                           logprobs=self._logprobs(out.token_ids, out),
                           constraint_check=engine_constraints.check_info(out.constraint_check))
 
-    def _tool_call(self, text: str) -> ToolCallOut | None:
+    def _tool_calls(self, text: str) -> list[ToolCallOut]:
         if not self.tools:
-            return None
-        return parse_tool_call(text, self.forced or self.tools)
+            return []
+        return parse_tool_calls(text, self.forced or self.tools, self.parallel)
 
     @staticmethod
-    def _finish(out: RequestOutput, call: ToolCallOut | None) -> str | None:
-        return "tool_calls" if call is not None and out.finish_reason == "stop" else out.finish_reason
+    def _finish(out: RequestOutput, calls: list[ToolCallOut]) -> str | None:
+        return "tool_calls" if calls and out.finish_reason == "stop" else out.finish_reason
 
     def chunks(self, index: int, out: RequestOutput) -> list[dict[str, Any]]:
         """Content deltas as they come; with tools, the answer is held back to the end
@@ -119,14 +133,18 @@ class ChatEndpoint(Endpoint):
             payloads.append(self._chunk(index, ChatDelta(role="assistant", content="")))
         if self.tools and not out.finished:
             return payloads
-        call = self._tool_call(out.text) if out.finished else None
-        if call is not None:
-            delta = ChatDelta(tool_calls=[DeltaToolCall(index=0, id=call.id, function=call.function)])
+        calls = self._tool_calls(out.text) if out.finished else []
+        token_ids = out.token_ids if self.tools else out.delta_token_ids
+        finish = self._finish(out, calls) if out.finished else None
+        if calls:  # one delta per call, by its index; the last carries the finish
+            for i, call in enumerate(calls[:-1]):
+                payloads.append(self._chunk(index, ChatDelta(tool_calls=[
+                    DeltaToolCall(index=i, id=call.id, function=call.function)])))
+            delta = ChatDelta(tool_calls=[DeltaToolCall(index=len(calls) - 1, id=calls[-1].id,
+                                                        function=calls[-1].function)])
         else:
             delta = ChatDelta(content=out.text if self.tools else out.delta_text)
-        token_ids = out.token_ids if self.tools else out.delta_token_ids
-        payloads.append(self._chunk(index, delta, self._finish(out, call) if out.finished else None,
-                                    self._logprobs(token_ids, out), out))
+        payloads.append(self._chunk(index, delta, finish, self._logprobs(token_ids, out), out))
         return payloads
 
     def _chunk(self, index: int, delta: ChatDelta, finish: str | None = None,
@@ -165,13 +183,13 @@ def _token_entry(tokenizer: Any, token_id: int, logprob: float) -> dict[str, Any
 
 
 def render_chat(engine: Any, messages: list[ChatMessageIn], tools: list[ChatTool],
-                add_generation_prompt: bool) -> str:
+                add_generation_prompt: bool, parallel: bool = False) -> str:
     """The prompt text: the model's chat template over ``messages``; tools (if any) are
     described in the system message."""
     dicts = [_message_dict(m) for m in messages]
     if tools:
         specs = "\n".join(json.dumps(t.function.model_dump(exclude_none=True)) for t in tools)
-        note = TOOLS_PROMPT.format(specs=specs)
+        note = TOOLS_PROMPT.format(specs=specs, parallel=PARALLEL_PROMPT if parallel else "")
         if dicts[0]["role"] == "system":
             dicts[0] = {**dicts[0], "content": dicts[0]["content"] + "\n\n" + note}
         else:
@@ -218,13 +236,47 @@ def tool_call_schema(tools: list[ChatTool]) -> dict[str, Any]:
     return schema
 
 
+def calls_list_schema(call_schema: dict[str, Any]) -> dict[str, Any]:
+    """JSON schema of a non-empty list of calls, each matching ``call_schema``
+    (``tool_call_schema``; its ``$defs`` stay at the top so references stay valid)."""
+    items = dict(call_schema)
+    defs = items.pop("$defs", None)
+    schema: dict[str, Any] = {"type": "array", "items": items, "minItems": 1}
+    if defs:
+        schema["$defs"] = defs
+    return schema
+
+
 def parse_tool_call(text: str, tools: list[ChatTool]) -> ToolCallOut | None:
     """A tool call if ``text`` is exactly one JSON call to one of ``tools``, else None."""
-    body = text.strip().removeprefix("<tool_call>").removesuffix("</tool_call>").strip()
-    try:
-        payload = json.loads(body)
-    except json.JSONDecodeError:
-        return None
+    calls = parse_tool_calls(text, tools, parallel=False)
+    return calls[0] if calls else None
+
+
+_TOOL_CALL_BLOCK = re.compile(r"\s*<tool_call>(.*?)</tool_call>\s*", re.S)
+
+
+def parse_tool_calls(text: str, tools: list[ChatTool], parallel: bool = True) -> list[ToolCallOut]:
+    """The calls ``text`` is made of: one JSON call, a JSON list of calls, or
+    ``<tool_call>`` blocks, each to one of ``tools``; empty unless the whole text is calls
+    (or, without ``parallel``, unless it is exactly one call)."""
+    body = text.strip()
+    blocks = _TOOL_CALL_BLOCK.findall(body)
+    sources = blocks if blocks and _TOOL_CALL_BLOCK.sub("", body) == "" else [body]
+    payloads: list[Any] = []
+    for source in sources:
+        try:
+            payload = json.loads(source)
+        except json.JSONDecodeError:
+            return []
+        payloads += payload if isinstance(payload, list) and len(sources) == 1 else [payload]
+    calls = [_one_call(p, tools) for p in payloads]
+    if not calls or any(c is None for c in calls) or (not parallel and len(calls) > 1):
+        return []
+    return [c for c in calls if c is not None]
+
+
+def _one_call(payload: Any, tools: list[ChatTool]) -> ToolCallOut | None:
     if not isinstance(payload, dict) or payload.get("name") not in {t.function.name for t in tools}:
         return None
     arguments = payload.get("arguments", payload.get("parameters", {}))

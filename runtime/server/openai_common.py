@@ -9,11 +9,13 @@ from typing import Any
 
 from fastapi import Request
 
-import grammars
 from runtime.errors import InvalidRequestError
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
 from runtime.server import engine_constraints
+from runtime.server.api import openai_fields
+from runtime.server.api.constraint_fields import CONSTRAINT_FIELDS, constraint_from_fields
+from runtime.server.api.fields import check_fields
 from runtime.server.errors import raise_if_failed, stream_error_event
 from runtime.server.protocol import ResponseFormat, SamplingExtras, Usage
 from runtime.server.serving import (
@@ -44,6 +46,9 @@ class Endpoint:
         ctx.check_model(body.model)
         self.model = body.model or ctx.model_name
         _refuse_unsupported(body)
+        # headers for the answer (fields ignored on a --unknown-fields warn server)
+        self.headers = check_fields(body, ctx.limits.unknown_fields, openai_fields.IGNORED,
+                                    openai_fields.REFUSED)
         if body.n > ctx.limits.max_n:
             raise InvalidRequestError(f"n is {body.n}; this server allows at most {ctx.limits.max_n}")
 
@@ -81,7 +86,9 @@ class Endpoint:
     async def stream(self, jobs: list[Job]) -> EventStreamResponse:
         group = self.group(jobs)
         streams = await group.open()  # 4xx / 429 / 503 before the first byte
-        return EventStreamResponse(self._events(streams), group.close)
+        response = EventStreamResponse(self._events(streams), group.close)
+        response.headers.update(self.headers)
+        return response
 
     async def _events(self, streams: list[EngineStream]) -> AsyncIterator[str]:
         finals: dict[int, RequestOutput] = {}
@@ -153,18 +160,14 @@ def usage(prompt_lens: list[int], finals: list[RequestOutput]) -> Usage:
 
 
 def output_constraint(b: SamplingExtras, fmt: ResponseFormat | None) -> Any:
-    """The constraint of a request: its ``response_format`` or one of the extensions
-    ``regex`` (SGLang), ``guided_regex`` / ``guided_choice`` (vLLM); at most one."""
-    given = [name for name, v in (("response_format", fmt is not None and fmt.type != "text"),
-                                  ("regex", b.regex is not None), ("guided_regex", b.guided_regex is not None),
-                                  ("guided_choice", b.guided_choice is not None)) if v]
-    if len(given) > 1:
-        raise InvalidRequestError(f"give at most one output constraint; got {', '.join(given)}")
-    if (pattern := b.regex if b.regex is not None else b.guided_regex) is not None:
-        return grammars.RegexConstraint(pattern)
-    if b.guided_choice is not None:
-        return grammars.ChoiceConstraint(tuple(b.guided_choice))
-    return response_constraint(fmt, b.json_bounds)
+    """The constraint of a request: its ``response_format`` or one of the other servers'
+    constraint fields (``api/constraint_fields.py``: ``regex``, ``guided_*``, ``ebnf``...);
+    at most one."""
+    given = {name: getattr(b, name) for name in CONSTRAINT_FIELDS}
+    found = constraint_from_fields(given, b.json_bounds)
+    if found is not None and fmt is not None and fmt.type != "text":
+        raise InvalidRequestError(f"give at most one output constraint; got response_format, {found[0]}")
+    return found[1] if found is not None else response_constraint(fmt, b.json_bounds)
 
 
 def response_constraint(fmt: ResponseFormat | None, json_bounds: bool = True) -> Any:

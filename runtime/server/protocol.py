@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from runtime.server.api.fields import WireModel
+
 
 class Strict(BaseModel):
     """Unknown fields are an error (native API: typos must not pass silently)."""
@@ -20,16 +22,14 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class Lenient(BaseModel):
-    """Unknown fields are ignored (OpenAI API: clients send fields we do not use).
-
-    OpenAI fields that cannot change what this server returns are left undeclared, so they
-    fall under this rule: ``parallel_tool_calls`` (an answer holds at most one tool call, which both values
-    allow), ``store``, ``metadata``, ``service_tier``. Fields that would change the output
-    and are not supported are declared and refused with a 400 (``logit_bias``, ``echo``...).
+class Lenient(WireModel):
+    """OpenAI API shapes: unknown fields are kept so the route can refuse them by name
+    (``api/fields.py``: 400, or ignored with a header on a ``--unknown-fields warn``
+    server); an explicit null means the default, as the OpenAI spec allows. Fields that
+    would change the output and are not supported are declared and refused with a 400
+    (``logit_bias``, ``best_of``...); the OpenAI fields that cannot change the output are
+    listed, with why, in ``api/openai_fields.py``.
     """
-
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
 
 # ---- native ------------------------------------------------------------------------------
@@ -233,6 +233,13 @@ class SamplingExtras(Lenient):
     regex: str | None = None  # SGLang: the output matches this regular expression
     guided_regex: str | None = None  # vLLM's name for the same
     guided_choice: list[str] | None = Field(default=None, min_length=1)  # vLLM: one of these strings
+    # More constraint fields of other servers (``api/constraint_fields.py``): honoured or a 400.
+    guided_json: dict[str, Any] | str | None = None  # vLLM: a JSON schema (object or text)
+    json_schema: dict[str, Any] | str | None = None  # SGLang extra body: the same
+    guided_grammar: str | None = None  # vLLM: GBNF or Lark
+    ebnf: str | None = None  # SGLang: GBNF
+    grammar: str | None = None  # llama.cpp server: GBNF
+    structured_outputs: dict[str, Any] | None = None  # vLLM >= 0.10
     timeout: float | None = Field(default=None, gt=0)
     json_bounds: bool = True  # false: no bounds on number literals in JSON outputs
 
@@ -320,6 +327,7 @@ class ChatCompletionRequest(SamplingExtras):
     tools: list[ChatTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     add_generation_prompt: bool = True  # extension
+    parallel_tool_calls: bool = True  # false: at most one tool call per answer
 
 
 class Usage(BaseModel):
