@@ -17,6 +17,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 from runtime.config import EngineConfig
 from runtime.errors import ArborError
 from runtime.eval.command import add_eval_parser
+from runtime.model.model_report import add_models_command
 from runtime.router.launch import add_router_command, add_router_flags
 from runtime.server.launch import add_server_flags
 
@@ -136,13 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_flags(tr)
     tr.set_defaults(func=_cmd_trace)
     add_eval_parser(sub)
+    add_models_command(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.command not in ("eval", "router"):  # NOTE: bad settings fail before any load (eval: its own)
+        if args.command not in ("eval", "router", "models"):  # NOTE: bad settings fail before any load (eval: its own)
             EngineConfig.from_kwargs(**engine_kwargs(args))
         result: int = args.func(args)
         return result

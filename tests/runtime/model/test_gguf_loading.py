@@ -9,6 +9,7 @@ ones is the default model's (copied from its metadata), so the engine can run th
 
 from __future__ import annotations
 
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -291,3 +292,25 @@ def test_the_default_kv_pool_holds_what_the_engine_serves(monkeypatch: pytest.Mo
     assert (pages, max_len) == (4000 // 16 + 1, 1000)  # + the padding page
     pages, _ = engine_setup.size_pool(EngineConfig(max_running_requests=2), cfg, CPU, torch.float32)
     assert pages == 2 * 4096 + 1
+
+
+def test_models_inspect_prints_the_costs_without_loading(tiny_gguf: Path, capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime.cli import main
+
+    monkeypatch.setattr(engine_setup, "_load_weights", _never)
+    monkeypatch.setattr("runtime.model.gguf_file.GGUFFile.raw", _never)  # no tensor data is read
+    assert main(["models", "inspect", str(tiny_gguf), "--context", "1000", "--concurrency", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "architecture: llama" in out and "tensor types: Q8_0 x16, F32 x5" in out
+    assert "layers 2, hidden 64, heads 4/2, FFN 128, vocab 49152, context 512" in out
+    assert f"parameters: {(2 * 49152 * 64 + 64 + 2 * (128 + 64 * 64 * 2 + 2 * 64 * 32 + 3 * 64 * 128)) / 1e9:.3f} B" in out
+    assert "KV cache (fp32): 512 bytes per token" in out  # 2 layers x 2 KV heads x 16 dims x (K, V) x 4 B
+    assert "for 4 x 1000 tokens: KV 0.00 GiB" in out
+
+
+def test_an_engine_states_its_memory_when_it_starts(tiny_gguf: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO", logger="runtime.engine_setup"), Engine(model=str(tiny_gguf), num_pages=1001):
+        pass
+    assert re.search(r"tiny\.gguf \(gguf weights\): weights 0\.01 GiB \(load peak 0\.01 GiB\), KV pool 1001 tokens "
+                     r"x 512 B = 0\.00 GiB; [\d.]+ GiB available", caplog.text)
