@@ -311,7 +311,9 @@ def _load_weights(
     are ("gguf"), or dequantized tensor by tensor from its map (fp32, then int8 / int4)."""
     args = model_args(hf_config, source)
     if gguf is not None and weights == "gguf":
-        model = load_gguf_model(gguf, args, max_model_len)
+        if device.type == "cpu":  # NOTE: before the load, so its blocks go straight to the kernels' layout
+            enable_cpu_kernels()
+        model = load_gguf_model(gguf, args, max_model_len, tiles=device.type == "cpu" and kernels.reads_tiles())
         model.to(device)
         move_quantized(model, device)
         return model

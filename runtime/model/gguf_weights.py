@@ -25,10 +25,12 @@ import torch
 from kernels import QuantizedWeight
 from kernels.reference.quant import (
     GGML_KINDS,
+    TILE_ROWS,
     cat_rows,
     dequantize,
     from_ggml_blocks,
     quantize_int8,
+    tiled_from_q4_blocks,
     widen,
 )
 from runtime.errors import ModelLoadError
@@ -43,9 +45,10 @@ log = logging.getLogger(__name__)
 class GGUFTensors:
     """Name -> tensor of one GGUF file, read from its memory map tensor by tensor."""
 
-    def __init__(self, gguf: GGUFFile) -> None:
+    def __init__(self, gguf: GGUFFile, tiles: bool = False) -> None:
         self.gguf = gguf
         self.path = gguf.path
+        self.tiles = tiles  # build Q4_0 / Q4_1 weights straight in the tiled layout
 
     def has(self, name: str) -> bool:
         return name in self.gguf.tensors
@@ -54,6 +57,31 @@ class GGUFTensors:
         info = self.gguf.tensor(name)
         rows = info.num_elements // info.shape[0]
         return info, self.gguf.raw(name).reshape(rows, -1)
+
+    def stacked(self, names: list[str], orders: list[torch.Tensor | None] | None = None) -> QuantizedWeight:
+        """The weights ``names`` stacked along the output dim (a fused q/k/v or gate/up),
+        rows of part i taken in ``orders[i]`` (None: as stored). Parts all Q4_0 or all Q4_1
+        in whole tiles go from the file's bytes straight to the tiled layout (one copy);
+        others through ``quantized`` and ``_fused``."""
+        infos = [self.gguf.tensor(n) for n in names]
+        orders = orders or [None] * len(names)
+        rows = sum(i.shape[1] for i in infos)
+        kinds = {(i.type_name, i.shape[0]) for i in infos}
+        if self.tiles and len(kinds) == 1 and infos[0].type_name in ("Q4_0", "Q4_1") and rows % TILE_ROWS == 0:
+            parts = []
+            with warnings.catch_warnings():  # the map is read-only; only read here
+                warnings.simplefilter("ignore", UserWarning)
+                for name, order in zip(names, orders, strict=True):
+                    raw = torch.from_numpy(self._raw(name)[1])
+                    parts.append(raw if order is None else raw.index_select(0, order))
+            weight = tiled_from_q4_blocks(torch.cat(parts), infos[0].type_name, infos[0].shape[0])
+            del parts, raw
+            for name in names:
+                self.gguf.release(name)
+            return weight
+        weights = [self.quantized(n) if o is None else self.quantized(n).rows(o) for n, o in zip(names, orders,
+                                                                                                strict=True)]
+        return weights[0] if len(weights) == 1 else _fused(names[0], weights)
 
     def dense(self, name: str) -> torch.Tensor:  # [*shape] float32 (torch order), dequantized if need be
         import gguf
@@ -92,11 +120,12 @@ def _unpermute_rows(num_heads: int, rows: int) -> torch.Tensor:
 Weights = dict[str, QuantizedWeight | torch.Tensor]  # our module names -> tensors
 
 
-def load_gguf_model(gguf: GGUFFile, args: ModelArgs, max_positions: int) -> LlamaForCausalLM:
+def load_gguf_model(gguf: GGUFFile, args: ModelArgs, max_positions: int, tiles: bool = False) -> LlamaForCausalLM:
     """Build the model with every linear and the embedding table in the file's own
     quantized blocks and the norms in fp32 (CPU tensors), read tensor by tensor from the
-    file's memory map (each block tensor repacked once into our layout)."""
-    return _build(_read_gguf(GGUFTensors(gguf), args), args, max_positions)
+    file's memory map (each block tensor repacked once into our layout). ``tiles``: build
+    Q4_0 / Q4_1 weights directly in the tiled layout (``kernels.reads_tiles()``)."""
+    return _build(_read_gguf(GGUFTensors(gguf, tiles), args), args, max_positions)
 
 
 def gguf_state_dict(gguf: GGUFFile, args: ModelArgs) -> dict[str, torch.Tensor]:
@@ -127,22 +156,19 @@ def gguf_state_dict(gguf: GGUFFile, args: ModelArgs) -> dict[str, torch.Tensor]:
 def _read_gguf(gg: GGUFTensors, args: ModelArgs) -> Weights:
     permute = architecture(gg.gguf).permuted_qk
     out: Weights = {"norm": gg.dense("output_norm.weight").reshape(-1),
-                    "embed_tokens": gg.quantized("token_embd.weight")}
+                    "embed_tokens": gg.stacked(["token_embd.weight"])}
     if gg.has("output.weight"):
-        out["lm_head"] = gg.quantized("output.weight")
+        out["lm_head"] = gg.stacked(["output.weight"])
     for i in range(args.num_layers):
         pre, dst = f"blk.{i}.", f"layers.{i}."
-        q, k, v = (gg.quantized(pre + f"attn_{p}.weight") for p in "qkv")
-        if permute:
-            q = q.rows(_unpermute_rows(args.num_heads, q.out_features))
-            k = k.rows(_unpermute_rows(args.num_kv_heads, k.out_features))
-        out[dst + "qkv_proj"] = _fused(pre + "attn_qkv", [q, k, v])
+        orders = [_unpermute_rows(args.num_heads, args.num_heads * args.head_dim),
+                  _unpermute_rows(args.num_kv_heads, args.num_kv_heads * args.head_dim), None] if permute else None
+        out[dst + "qkv_proj"] = gg.stacked([pre + f"attn_{p}.weight" for p in "qkv"], orders)
         if args.qkv_bias:
             out[dst + "qkv_bias"] = torch.cat([gg.dense(pre + f"attn_{p}.bias") for p in "qkv"])
-        out[dst + "o_proj"] = gg.quantized(pre + "attn_output.weight")
-        gate_up = [gg.quantized(pre + f"ffn_{p}.weight") for p in ("gate", "up")]
-        out[dst + "gate_up_proj"] = _fused(pre + "ffn_gate_up", gate_up)
-        out[dst + "down_proj"] = gg.quantized(pre + "ffn_down.weight")
+        out[dst + "o_proj"] = gg.stacked([pre + "attn_output.weight"])
+        out[dst + "gate_up_proj"] = gg.stacked([pre + f"ffn_{p}.weight" for p in ("gate", "up")])
+        out[dst + "down_proj"] = gg.stacked([pre + "ffn_down.weight"])
         out[dst + "input_layernorm"] = gg.dense(pre + "attn_norm.weight").reshape(-1)
         out[dst + "post_attention_layernorm"] = gg.dense(pre + "ffn_norm.weight").reshape(-1)
     return out

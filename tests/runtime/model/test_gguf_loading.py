@@ -314,3 +314,37 @@ def test_an_engine_states_its_memory_when_it_starts(tiny_gguf: Path, caplog: pyt
         pass
     assert re.search(r"tiny\.gguf \(gguf weights\): weights 0\.01 GiB \(load peak 0\.01 GiB\), KV pool 1001 tokens "
                      r"x 512 B = 0\.00 GiB; [\d.]+ GiB available", caplog.text)
+
+
+@pytest.mark.parametrize(("kind", "in_features"), [("Q4_0", 96), ("Q4_1", 576), ("Q4_0", 64)])
+def test_q4_blocks_go_straight_to_the_tiled_layout(kind: str, in_features: int) -> None:
+    """One byte move from the file's blocks equals converting to rows and then tiling
+    (96 and 576 columns: padded to a whole superblock)."""
+    import gguf
+
+    from kernels.reference.quant import from_ggml_blocks, tile, tiled_from_q4_blocks
+
+    values = np.random.default_rng(1).standard_normal((48, in_features)).astype(np.float32)
+    raw = torch.from_numpy(gguf.quants.quantize(values, gguf.GGMLQuantizationType[kind]))
+    direct, via_rows = tiled_from_q4_blocks(raw, kind, in_features), tile(from_ggml_blocks(raw, kind, in_features))
+    assert direct.tiled and via_rows.tiled
+    for field in ("codes", "scales", "offsets"):
+        assert torch.equal(getattr(direct, field), getattr(via_rows, field)), field
+
+
+def test_the_default_models_blocks_load_tiled_as_before(default_gguf: GGUFFile) -> None:
+    """Straight to tiles (``tiles=True``) or rows then ``prepare_quantized``: the same weights."""
+    import kernels
+    from runtime.model.gguf_weights import load_gguf_model
+    from runtime.model.quant import prepare_quantized
+
+    engine_setup.enable_cpu_kernels()
+    if not kernels.reads_tiles():
+        pytest.skip("environment: the C kernels here do not read tiles (no AVX-512 VNNI)")
+    args = ModelArgs.from_hf_config(hf_config(default_gguf))
+    direct = load_gguf_model(default_gguf, args, 64, tiles=True)
+    via_rows = load_gguf_model(default_gguf, args, 64)
+    prepare_quantized(via_rows)
+    for name in ("layers.3.self_attn.qkv_proj", "layers.7.mlp.gate_up_proj", "layers.0.mlp.down_proj"):
+        a, b = direct.get_submodule(name).weight, via_rows.get_submodule(name).weight
+        assert a.tiled and b.tiled and torch.equal(a.codes, b.codes) and torch.equal(a.scales, b.scales)
