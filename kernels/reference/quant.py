@@ -327,7 +327,8 @@ def tiled_from_q4_blocks(raw: torch.Tensor, kind: str, in_features: int) -> Quan
     blocks = raw.reshape(n, nb, GGML_BLOCK_BYTES[kind])
     d = _f16(blocks, 0).view(n, nb)
     m = _f16(blocks, 2).view(n, nb) if kind == "Q4_1" else (-8.0 * d.float()).half()
-    qs = F.pad(blocks[:, :, 4 if kind == "Q4_1" else 2:], (0, 0, 0, kp // BLOCK - nb))  # padded blocks: code 0
+    qs = blocks[:, :, 4 if kind == "Q4_1" else 2:]
+    qs = F.pad(qs, (0, 0, 0, kp // BLOCK - nb)) if kp // BLOCK > nb else qs.contiguous()  # padded blocks: code 0
     # NOTE: a chunk's 4 bytes move together: permuted as one int32 each, 4x fewer elements
     chunks = qs.view(torch.int32).reshape(n // TILE_ROWS, TILE_ROWS, kp // BLOCK, 4)
     codes = chunks.permute(0, 2, 3, 1).contiguous().view(torch.uint8)  # [t, block, chunk, r] x 4 bytes

@@ -74,7 +74,8 @@ class GGUFTensors:
                 for name, order in zip(names, orders, strict=True):
                     raw = torch.from_numpy(self._raw(name)[1])
                     parts.append(raw if order is None else raw.index_select(0, order))
-            weight = tiled_from_q4_blocks(torch.cat(parts), infos[0].type_name, infos[0].shape[0])
+            raw = parts[0] if len(parts) == 1 else torch.cat(parts)  # NOTE: one part is read from the map as is
+            weight = tiled_from_q4_blocks(raw, infos[0].type_name, infos[0].shape[0])
             del parts, raw
             for name in names:
                 self.gguf.release(name)
