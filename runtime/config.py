@@ -78,8 +78,9 @@ class EngineConfig:
     prepack_weights: bool = True
     # How the model's weights are held (runtime/model/quant.py): "fp32" (the checkpoint's
     # weights in ``dtype``), "int8" (per channel), "int4" (groups of 32), "gguf" (a GGUF
-    # model's own Q4_0/Q4_1/Q8_0 blocks, not dequantized), or "auto" (see
-    # ``engine_setup.resolve_weights``). Quantized weights compute in fp32.
+    # model's own Q4_0/Q4_1/Q8_0 blocks, not dequantized), or "auto" (the source's own:
+    # "gguf" for a GGUF file, "fp32" for an HF directory; ``engine_setup.resolve_weights``).
+    # Quantized weights compute in fp32.
     weights: WeightFormat = "auto"
     # CPU, block-quantized weights: a step that only decodes runs as one native call, the
     # whole forward pass in one OpenMP region (kernels/cpu/decode_step.c), instead of

@@ -12,6 +12,11 @@ load as groups of 32 (their scales rounded to fp16: ``kernels.reference.quant._f
 Every one of these is a format of groups of 32, so parts of a fused weight stored in
 different ones (a file's v in Q6_K, its q and k in Q4_K) stack without requantizing: 4-bit
 parts are widened to 8-bit codes (``widen``).
+
+Everything is read tensor by tensor from the file's memory map (``GGUFFile``); where the
+kernels read tiles, Q4_0 / Q4_1 bytes go straight to the tiled layout
+(``tiled_from_q4_blocks``). ``gguf_state_dict`` is the fp32 route (``weights="fp32"``, and
+int8 / int4 from it): dequantized per tensor, never the whole model twice.
 """
 
 from __future__ import annotations
