@@ -57,7 +57,7 @@ def write_model(path: Path, shape: str) -> Path:
     tokens = list(meta["tokenizer.ggml.tokens"])
     types = meta["tokenizer.ggml.token_type"].tolist()
     tokens += [f"<|reserved_{i}|>" for i in range(vocab - len(tokens))]  # the 8B shape's larger vocabulary
-    types += [3] * (vocab - len(types))
+    types += [1] * (vocab - len(types))  # normal tokens: no special-token matching to build
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
     w.add_token_list(tokens)
