@@ -346,9 +346,12 @@ def part3(engine: Engine, args: argparse.Namespace) -> dict[str, Any]:
     from outlines.inputs import Chat
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from runtime.model.loader import resolve_model_dir
+
+    reference = resolve_model_dir("default")  # transformers' conversion of the engine's GGUF file
     load_s, model = timed(lambda: outlines.from_transformers(
-        AutoModelForCausalLM.from_pretrained(str(engine.model_dir), dtype=torch.float32).eval(),
-        AutoTokenizer.from_pretrained(str(engine.model_dir))))
+        AutoModelForCausalLM.from_pretrained(str(reference), dtype=torch.float32).eval(),
+        AutoTokenizer.from_pretrained(str(reference))))
     rendered = [model.type_adapter.format_input(Chat(m)) for m in messages]
     assert rendered == prompts, "outlines renders a different prompt than arbor"
     build_s, generator = timed(outlines.Generator, model, Contact)

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import load_average, median, reproduce_line, save_result, timed  # noqa: E402
 
 from runtime import Engine, SamplingParams  # noqa: E402
+from runtime.model.loader import resolve_model_dir  # noqa: E402
 
 
 def prompt(tokenizer, length: int) -> list[int]:  # type: ignore[no-untyped-def]
@@ -60,7 +61,7 @@ def main() -> None:
     if not args.skip_hf:
         from transformers import AutoModelForCausalLM
 
-        hf = AutoModelForCausalLM.from_pretrained(str(engine.model_dir), dtype=torch.float32,
+        hf = AutoModelForCausalLM.from_pretrained(str(resolve_model_dir("default")), dtype=torch.float32,
                                                   attn_implementation="sdpa").eval()
     rows = []
     print(f"{'tokens':>6} {'arbor s':>8} {'hf s':>8} {'ratio':>7}")

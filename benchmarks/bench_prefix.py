@@ -81,7 +81,7 @@ def run_engine(prompts: list[list[int]], s: Sizes, **config: Any) -> dict[str, A
         total = sum(len(p) for p in prompts)
         hit = m["cached_prompt_tokens"] / total
         return {"seconds": seconds, "cache_hit_rate": hit, "tokens": [o.token_ids for o in outs],
-                "retractions": m["num_retractions"], "model_dir": str(engine.model_dir)}
+                "retractions": m["num_retractions"], "model_dir": str(resolve_model_dir("default"))}
 
 
 def run_hf(model_dir: str, prompts: list[list[int]], s: Sizes) -> float:

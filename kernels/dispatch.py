@@ -270,6 +270,13 @@ QUANT_BF16_MIN_ROWS_LARGE = 256
 QUANT_BF16_LARGE_BYTES = 32 << 20
 
 
+def reads_tiles() -> bool:
+    """Whether the C kernel in use multiplies tiled weights (a loader can then build the
+    tiled layout directly, see ``prepare_quantized``)."""
+    native = _cpu_in_use()
+    return native is not None and native.quant_linear.tiles
+
+
 def prepare_quantized(weight: QuantizedWeight) -> QuantizedWeight:
     """``weight`` in the layout the C kernel in use multiplies fastest: tiled
     (``reference.quant.tile``) where its build reads tiles (AVX-512 VNNI) and the rows come

@@ -17,6 +17,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 from runtime.config import EngineConfig
 from runtime.errors import ArborError
 from runtime.eval.command import add_eval_parser
+from runtime.model.model_report import add_models_command
 from runtime.router.launch import add_router_command, add_router_flags
 from runtime.server.launch import add_server_flags
 
@@ -147,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     ref = sub.add_parser("reference", help="print the Markdown reference of every command and flag "
                          "(docs/cli.md is this output)")
     ref.set_defaults(func=_cmd_reference)
+    add_models_command(sub)
     return parser
 
 
@@ -211,7 +213,7 @@ def _cmd_reference(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.command not in ("eval", "router", "reference", "rollout"):  # NOTE: bad settings fail before any load (eval: its own)
+        if args.command not in ("eval", "router", "reference", "rollout", "models"):  # NOTE: bad settings fail before any load (eval: its own)
             EngineConfig.from_kwargs(**engine_kwargs(args))
         result: int = args.func(args)
         return result

@@ -40,10 +40,13 @@ class EngineConfig:
     max_model_len: int | None = setting(None, "tokens per request, prompt and output together "
                                         "(default: the model's context length)")
     page_size: int = setting(1, "tokens per KV-cache page")
-    num_pages: int | None = setting(None, "KV pool size in pages (default: derived from --mem-fraction)")
+    num_pages: int | None = setting(
+        None, f"KV pool size in pages (default: --mem-fraction of free memory when given, else enough "
+        f"for --max-running-requests x --max-model-len tokens, at most {DEFAULT_MEM_FRACTION} of free "
+        f"memory)")
     mem_fraction: float | None = setting(
-        None, f"share of free memory given to the KV pool when --num-pages is not given (default "
-        f"{DEFAULT_MEM_FRACTION}); giving both is refused, as one would be ignored")
+        None, "share of free memory given to the KV pool when --num-pages is not given; giving both "
+        "is refused, as one would be ignored")
     max_running_requests: int = setting(256, "cap on the requests in the running batch")
     max_prefill_tokens: int = setting(2048, "prefill token budget of a step in which nothing decodes")
     # NOTE: on the CPU a step's cost grows with every row, so small chunks keep running
@@ -88,7 +91,7 @@ class EngineConfig:
     weights: WeightFormat = setting(
         "auto", "how the weights are held: 'fp32' (the checkpoint in --dtype), 'int8' (per channel), "
         "'int4' (groups of 32), 'gguf' (a GGUF file's own blocks, not dequantized) or 'auto' "
-        "(see docs/models.md)")
+        "(the source's own: 'gguf' for a GGUF file, 'fp32' for an HF directory)")
     fused_decode: bool = setting(
         True, "CPU, block-quantized weights: a step that only decodes runs as one native call "
         "(kernels/cpu/decode_step.c) instead of layer by layer (no-: the reference path)")

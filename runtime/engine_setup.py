@@ -21,17 +21,29 @@ from kernels import UnsupportedDecodeModel, onednn
 from kernels.cpu import NativeBuildError
 from runtime import env
 from runtime.config import DEFAULT_MEM_FRACTION, EngineConfig
-from runtime.errors import InvalidRequestError
+from runtime.errors import InvalidRequestError, ModelLoadError
 from runtime.model.fused_decode import FusedDecode
-from runtime.model.gguf_weights import load_gguf_model
+from runtime.model.gguf_config import check_tensors
+from runtime.model.gguf_config import hf_config as gguf_hf_config
+from runtime.model.gguf_file import GGUFFile
+from runtime.model.gguf_tokenizer import gguf_tokenizer
+from runtime.model.gguf_weights import gguf_state_dict, load_gguf_model
 from runtime.model.kv_cache import KVCache
-from runtime.model.llama import LlamaForCausalLM, ModelArgs
+from runtime.model.llama import LlamaForCausalLM
 from runtime.model.loader import (
-    gguf_file,
+    build_model,
     load_model,
     load_tokenizer,
+    model_args,
     read_config,
-    resolve_model_dir,
+    resolve_source,
+)
+from runtime.model.memory import (
+    MemoryPlan,
+    available_memory_bytes,
+    kv_bytes_per_token,
+    load_peak_nbytes,
+    weights_nbytes,
 )
 from runtime.model.parallel import ShardPlan, add_collectives, shard_model
 from runtime.model.quant import move_quantized, prepare_quantized, quantize_model
@@ -52,10 +64,19 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def resolve_weights(name: str, device: torch.device) -> str:
-    """The weight format: "auto" is "fp32" (see the README's quantization table for the
-    measured speed and agreement of each format)."""
-    return "fp32" if name == "auto" else name
+def resolve_weights(name: str, device: torch.device, gguf_source: bool = False, tensor_parallel_size: int = 1) -> str:
+    """The weight format: "auto" is the source's own, "gguf" for a GGUF file (its blocks,
+    not dequantized) and "fp32" for an HF directory; "fp32" too with tensor parallelism,
+    which shards fp32 weights only.
+
+    Raises:
+        ModelLoadError: "gguf" asked of an HF directory (no blocks to load).
+    """
+    if name == "auto":
+        return "gguf" if gguf_source and tensor_parallel_size == 1 else "fp32"
+    if name == "gguf" and not gguf_source:
+        raise ModelLoadError("weights='gguf' needs a .gguf model file (or the default model)")
+    return name
 
 
 def resolve_dtype(name: str, device: torch.device, weights: str = "fp32") -> torch.dtype:
@@ -171,22 +192,24 @@ def size_pool(
 ) -> tuple[int, int]:
     """Returns (num_pages, max_model_len).
 
-    ``num_pages`` comes from the config or from ``mem_fraction`` of free memory, at the
-    pool's real bytes per token (``kv_dtype``'s, with an 8-bit pool's scales);
+    ``num_pages`` comes from the config; or from ``mem_fraction`` of free memory; or, with
+    neither, from what the engine will serve: ``max_running_requests`` requests of
+    ``max_model_len`` tokens each, at most ``DEFAULT_MEM_FRACTION`` of free memory. Bytes
+    are the pool's real ones per token (``kv_dtype``'s, with an 8-bit pool's scales).
     ``max_model_len`` is capped by the model's positions and by the pool, so one request
     alone always fits (retraction can then always make progress).
     """
-    heads = int(hf_config["num_attention_heads"])
-    kv_heads = int(hf_config.get("num_key_value_heads") or heads)
-    head_dim = int(hf_config.get("head_dim") or int(hf_config["hidden_size"]) // heads)
-    per_token = KVCache.bytes_per_token(int(hf_config["num_hidden_layers"]), kv_heads, head_dim, kv_dtype)
+    per_token = kv_bytes_per_token(hf_config, kv_dtype)
+    model_len = int(hf_config.get("max_position_embeddings", 2048))
     if cfg.num_pages is not None:
         num_pages = cfg.num_pages
     else:
         fraction = cfg.mem_fraction if cfg.mem_fraction is not None else DEFAULT_MEM_FRACTION
         num_pages = int(_free_memory_bytes(device) * fraction) // (per_token * cfg.page_size)
+        if cfg.mem_fraction is None:  # NOTE: +1: page 0 is the padding page
+            served = cfg.max_running_requests * min(cfg.max_model_len or model_len, model_len)
+            num_pages = min(num_pages, -(-served // cfg.page_size) + 1)
     capacity = (num_pages - 1) * cfg.page_size
-    model_len = int(hf_config.get("max_position_embeddings", 2048))
     max_len = min(cfg.max_model_len or model_len, capacity)
     if max_len < 2:
         raise InvalidRequestError(f"the KV pool ({num_pages} pages) is too small for any request")
@@ -201,13 +224,14 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     kv_dtype: torch.dtype  # the KV pool's stored dtype (``resolve_kv_dtype``)
-    model_dir: Path  # the HF-style directory (a GGUF file's cached conversion)
+    model_dir: Path  # the model's source: an HF-style directory or a .gguf file
     tokenizer: Any  # transformers tokenizer
     hf_config: dict[str, Any]
     model: LlamaForCausalLM
     num_pages: int
     max_model_len: int
     weights: str  # the format the weights are held in ("auto" resolved)
+    memory: MemoryPlan  # weights and KV pool bytes, as planned before loading
 
 
 def load_engine_model(requested: EngineConfig, rank: int = 0) -> LoadedModel:
@@ -221,15 +245,27 @@ def load_engine_model(requested: EngineConfig, rank: int = 0) -> LoadedModel:
     if device.type == "cuda" and world > 1:
         device = torch.device("cuda", rank % (world // requested.nnodes))
     cfg = requested.for_device(device.type)
-    weights = resolve_weights(cfg.weights, device)
-    dtype = resolve_dtype(cfg.dtype, device, weights)
-    source = gguf_file(cfg.model) if weights == "gguf" else None  # NOTE: fails before any load
-    model_dir = resolve_model_dir(cfg.model)
-    tokenizer = load_tokenizer(model_dir)
-    hf_config = read_config(model_dir)
-    kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, device, dtype)
-    num_pages, max_model_len = size_pool(cfg, hf_config, device, kv_dtype)
-    model = _load_weights(model_dir, source, weights, device, dtype, max_model_len, hf_config)
+    source = resolve_source(cfg.model)
+    gguf = GGUFFile(source) if source.is_file() else None  # NOTE: a bad file fails here, before any load
+    try:
+        weights = resolve_weights(cfg.weights, device, gguf is not None, world)
+        dtype = resolve_dtype(cfg.dtype, device, weights)
+        if gguf is not None:
+            hf_config = gguf_hf_config(gguf)
+            check_tensors(gguf, hf_config)
+            tokenizer = gguf_tokenizer(gguf)
+        else:
+            hf_config, tokenizer = read_config(source), load_tokenizer(source)
+        kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, device, dtype)
+        num_pages, max_model_len = size_pool(cfg, hf_config, device, kv_dtype)
+        memory = plan_memory(hf_config, weights, gguf, kv_dtype, num_pages * cfg.page_size, world)
+        if device.type == "cpu":
+            memory.check_fits(f"model {source}")
+        log.info("model %s (%s weights): %s", source, weights, memory.describe())
+        model = _load_weights(source, gguf, weights, device, dtype, max_model_len, hf_config)
+    finally:
+        if gguf is not None:
+            gguf.close()
     plan = ShardPlan.build(model.args, rank, world) if world > 1 else None
     if plan is not None:
         shard_model(model, plan)
@@ -241,8 +277,16 @@ def load_engine_model(requested: EngineConfig, rank: int = 0) -> LoadedModel:
         enable_cpu_kernels()
         prepare_quantized(model)
         return_freed_heap()
-    return LoadedModel(cfg, device, dtype, kv_dtype, model_dir, tokenizer, hf_config, model, num_pages, max_model_len,
-                       weights)
+    return LoadedModel(cfg, device, dtype, kv_dtype, source, tokenizer, hf_config, model, num_pages, max_model_len,
+                       weights, memory)
+
+
+def plan_memory(hf_config: dict[str, Any], weights: str, gguf: GGUFFile | None, kv_dtype: torch.dtype,
+                kv_tokens: int, world: int = 1) -> MemoryPlan:
+    """The memory the engine will hold (this rank's share with tensor parallelism)."""
+    return MemoryPlan(weights_nbytes(hf_config, weights, gguf) // world,
+                      load_peak_nbytes(hf_config, weights, gguf) // world,
+                      kv_bytes_per_token(hf_config, kv_dtype) // world, kv_tokens, available_memory_bytes())
 
 
 def return_freed_heap() -> bool:
@@ -259,16 +303,23 @@ def return_freed_heap() -> bool:
 
 
 def _load_weights(
-    model_dir: Path, source: Path | None, weights: str, device: torch.device, dtype: torch.dtype,
+    source: Path, gguf: GGUFFile | None, weights: str, device: torch.device, dtype: torch.dtype,
     max_model_len: int, hf_config: dict[str, Any],
 ) -> LlamaForCausalLM:
-    """The model with its weights in the ``weights`` format."""
-    if source is not None:  # "gguf": the file's own blocks
-        model = load_gguf_model(source, ModelArgs.from_hf_config(hf_config), max_model_len, model_dir)
+    """The model with its weights in the ``weights`` format: a GGUF file's blocks as they
+    are ("gguf"), or dequantized tensor by tensor from its map (fp32, then int8 / int4)."""
+    args = model_args(hf_config, source)
+    if gguf is not None and weights == "gguf":
+        if device.type == "cpu":  # NOTE: before the load, so its blocks go straight to the kernels' layout
+            enable_cpu_kernels()
+        model = load_gguf_model(gguf, args, max_model_len, tiles=device.type == "cpu" and kernels.reads_tiles())
         model.to(device)
         move_quantized(model, device)
         return model
-    model = load_model(model_dir, device, dtype, max_model_len)
+    if gguf is not None:
+        model = build_model(args, gguf_state_dict(gguf, args), device, dtype, max_model_len)
+    else:
+        model = load_model(source, device, dtype, max_model_len)
     if weights in ("int8", "int4"):
         quantize_model(model, weights)
         _own_storage(model)

@@ -313,6 +313,30 @@ def from_ggml_blocks(raw: torch.Tensor, kind: str, in_features: int) -> Quantize
     return QuantizedWeight(_pack_codes(codes, bits), d.contiguous(), m.contiguous(), bits, 1, in_features)
 
 
+def tiled_from_q4_blocks(raw: torch.Tensor, kind: str, in_features: int) -> QuantizedWeight:
+    """Q4_0 / Q4_1 blocks (uint8 [N, K / 32 * block bytes], N a multiple of 16) straight in
+    the tiled layout: a block's 16 bytes of nibbles (byte j: element j low, j + 16 high)
+    are already the tiled layout's 4 chunks of 4 bytes of one block, so the bytes only move
+    (one copy), instead of unpacking and repacking every code. Equals
+    ``tile(from_ggml_blocks(raw, kind, in_features))``."""
+    if kind not in ("Q4_0", "Q4_1") or in_features % BLOCK or raw.shape[0] % TILE_ROWS:
+        raise ValueError(f"tiled_from_q4_blocks takes Q4_0 / Q4_1 rows of whole blocks in whole tiles, got {kind} "
+                         f"{tuple(raw.shape)}")
+    n, nb = raw.shape[0], in_features // BLOCK
+    kp = -(-in_features // SUPERBLOCK) * SUPERBLOCK
+    blocks = raw.reshape(n, nb, GGML_BLOCK_BYTES[kind])
+    d = _f16(blocks, 0).view(n, nb)
+    m = _f16(blocks, 2).view(n, nb) if kind == "Q4_1" else (-8.0 * d.float()).half()
+    qs = blocks[:, :, 4 if kind == "Q4_1" else 2:]
+    qs = F.pad(qs, (0, 0, 0, kp // BLOCK - nb)) if kp // BLOCK > nb else qs.contiguous()  # padded blocks: code 0
+    # NOTE: a chunk's 4 bytes move together: permuted as one int32 each, 4x fewer elements
+    chunks = qs.view(torch.int32).reshape(n // TILE_ROWS, TILE_ROWS, kp // BLOCK, 4)
+    codes = chunks.permute(0, 2, 3, 1).contiguous().view(torch.uint8)  # [t, block, chunk, r] x 4 bytes
+    pad = (0, kp // BLOCK - nb)  # padded blocks: d = m = 0
+    return QuantizedWeight(codes.reshape(n, -1).contiguous(), _tile_groups(F.pad(d, pad).contiguous()),
+                           _tile_groups(F.pad(m, pad).contiguous()), 4, 1, in_features, tiled=True)
+
+
 def _f16(blocks: torch.Tensor, at: int) -> torch.Tensor:  # the fp16 at byte ``at`` of each block
     return blocks[..., at:at + 2].contiguous().view(torch.float16)
 

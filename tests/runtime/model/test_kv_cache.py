@@ -82,7 +82,7 @@ def test_default_model_next_tokens_agree_with_fp32_kv(default_engine: Engine) ->
     positions = sum(b.shape[0] for b in base)
     assert positions > 500
     for kv_cache_dtype, min_agreement, max_kl in (("int8", 0.97, 0.002), ("fp8", 0.95, 0.01)):
-        engine = Engine(model="default", kv_cache_dtype=kv_cache_dtype, page_size=16, num_pages=1024,
+        engine = Engine(model="default", weights="fp32", kv_cache_dtype=kv_cache_dtype, page_size=16, num_pages=1024,
                         freeze_gc=False)
         try:
             agree, kl = 0, 0.0

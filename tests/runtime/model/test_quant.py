@@ -171,14 +171,24 @@ def fp32_reference(cpu_kernels_enabled: None) -> tuple[list[list[int]], list[tor
     return seqs, [all_logits(model, s) for s in seqs]
 
 
-def _quantized_default(fmt: str) -> LlamaForCausalLM:
+def _default_gguf_model() -> LlamaForCausalLM:
+    from runtime.model.gguf_config import hf_config
+    from runtime.model.gguf_file import GGUFFile
     from runtime.model.gguf_weights import load_gguf_model
     from runtime.model.llama import ModelArgs
-    from runtime.model.loader import gguf_file, read_config
+    from runtime.model.loader import gguf_file
 
+    gguf = GGUFFile(gguf_file("default"))
+    try:
+        return load_gguf_model(gguf, ModelArgs.from_hf_config(hf_config(gguf)), 2048)
+    finally:
+        gguf.close()
+
+
+def _quantized_default(fmt: str) -> LlamaForCausalLM:
     model_dir = resolve_model_dir("default")
     if fmt == "gguf":
-        model = load_gguf_model(gguf_file("default"), ModelArgs.from_hf_config(read_config(model_dir)), 2048)
+        model = _default_gguf_model()
     else:
         model = load_model(model_dir, CPU, torch.float32, 2048)
         quantize_model(model, fmt)
@@ -208,23 +218,11 @@ def test_next_token_agreement_with_fp32(fmt: str, fp32_reference: tuple[list[lis
 
 
 @pytest.mark.slow
-def test_gguf_native_weights_equal_the_converted_fp32_ones(tmp_path: Path) -> None:
-    """The file's blocks, un-permuted and fused, are exactly what the fp32 conversion
-    (transformers' dequantizer + reverse permutation) produced; the second load reads the
-    cached rearrangement and gets the same tensors."""
-    from runtime.model.gguf_weights import load_gguf_model
-    from runtime.model.llama import ModelArgs
-    from runtime.model.loader import gguf_file, read_config
-
-    model_dir = resolve_model_dir("default")
-    fp32 = load_model(model_dir, CPU, torch.float32, 2048)
-    args = ModelArgs.from_hf_config(read_config(model_dir))
-    first = load_gguf_model(gguf_file("default"), args, 2048, cache_dir=tmp_path)
-    assert len(list(tmp_path.glob("gguf-native-*.safetensors"))) == 1
-    native = load_gguf_model(gguf_file("default"), args, 2048, cache_dir=tmp_path)  # from the cache
-    assert isinstance(first.layers[3].mlp.down_proj, QuantizedLinear)
-    assert isinstance(native.layers[3].mlp.down_proj, QuantizedLinear)
-    assert torch.equal(first.layers[3].mlp.down_proj.weight.codes, native.layers[3].mlp.down_proj.weight.codes)
+def test_gguf_native_weights_equal_the_converted_fp32_ones() -> None:
+    """The file's blocks, read from its map, un-permuted and fused, are exactly what the
+    fp32 conversion (transformers' dequantizer + reverse permutation) produced."""
+    fp32 = load_model(resolve_model_dir("default"), CPU, torch.float32, 2048)
+    native = _default_gguf_model()
     pairs = [(native.embed_tokens, fp32.embed_tokens)]
     for ours, theirs in zip(native.layers, fp32.layers, strict=True):
         for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):

@@ -1,0 +1,58 @@
+"""The HF fast tokenizer a GGUF file describes, built from its metadata.
+
+transformers ships the converters (``transformers.integrations.gguf``: the byte-level BPE,
+sentencepiece and unigram builders, control tokens as special tokens, the pre-tokenizer
+split chosen by ``tokenizer.ggml.pre``); they normally read the file with their own
+parser. We hand them the metadata ``GGUFFile`` already read, so the file is parsed once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runtime.errors import ModelLoadError
+from runtime.model.gguf_file import GGUFFile
+
+# tokenizer.* metadata key -> the converters' tokenizer_dict name (transformers'
+# GGUF_TOKENIZER_MAPPING["tokenizer"], which we import when it is there)
+_SPECIAL_IDS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unknown_token_id",
+                "pad_token": "padding_token_id"}
+
+
+def gguf_tokenizer(gguf: GGUFFile) -> Any:
+    """A ``PreTrainedTokenizerFast`` with the file's vocabulary, merges, special tokens,
+    ``add_bos_token`` and ``chat_template``.
+
+    Raises:
+        ModelLoadError: the file has no tokenizer, or one transformers cannot build.
+    """
+    from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+        GGUF_TOKENIZER_MAPPING,
+        convert_gguf_tokenizer,
+    )
+
+    meta = gguf.metadata
+    if "tokenizer.ggml.tokens" not in meta:
+        raise ModelLoadError(f"{gguf.path}: no tokenizer in the metadata (tokenizer.ggml.tokens missing)")
+    groups = {group: {name: _plain(meta[f"tokenizer.{key}"]) for key, name in renames.items()
+                      if f"tokenizer.{key}" in meta}
+              for group, renames in GGUF_TOKENIZER_MAPPING.items()}
+    tokenizer_dict, tokenizer_config = groups["tokenizer"], groups["tokenizer_config"]
+    if tokenizer_dict.get("tokenizer_type") == "llama":  # llama.cpp's default for sentencepiece files
+        tokenizer_config.setdefault("add_bos_token", True)
+    tokens = tokenizer_dict["tokens"]
+    for name, key in _SPECIAL_IDS.items():
+        token_id = meta.get(f"tokenizer.ggml.{key}")
+        if token_id is not None and 0 <= int(token_id) < len(tokens):
+            tokenizer_config[name] = tokens[int(token_id)]
+    try:
+        backend, extra = convert_gguf_tokenizer(gguf.architecture, tokenizer_dict)
+        return PreTrainedTokenizerFast(tokenizer_object=backend, **tokenizer_config, **extra)
+    except Exception as exc:  # transformers raises ValueError, KeyError... for what it cannot build
+        raise ModelLoadError(f"{gguf.path}: cannot build the tokenizer from the metadata: {exc}") from exc
+
+
+def _plain(value: Any) -> Any:
+    """Numeric arrays (scores, token types) as lists, as the converters expect."""
+    return value.tolist() if hasattr(value, "tolist") else value
