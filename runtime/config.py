@@ -45,6 +45,14 @@ class EngineConfig:
     # for a few hundred rows.
     chunked_prefill_size: int | None = None
     decode_reserve_tokens: int = 16  # KV tokens reserved per running request at admission
+    # Latency targets in seconds (docs/serving-slo.md): time to first token, and the gap
+    # between a stream's tokens. With either set, each step's prefill budget is sized from
+    # them and the measured step costs (scheduler/budget.py): big chunks while no stream's
+    # ITL is at risk, small ones (down to chunked_prefill_size) when it is, more for a
+    # prompt about to miss its TTFT. None for both: the fixed chunk (the baseline). A
+    # request's own targets (SamplingParams) win over these.
+    ttft_slo: float | None = None
+    itl_slo: float | None = None
     disable_prefix_cache: bool = False  # True: the do-nothing cache (baseline)
     schedule_policy: SchedulePolicy = "lpm"  # "lpm" longest-prefix-match, or "fcfs"
     # LPM aging: once this many later arrivals were admitted ahead of a waiting request, it
@@ -129,6 +137,13 @@ class EngineConfig:
             raise InvalidRequestError(f"grammar_timeout_s must be > 0, got {self.grammar_timeout_s!r}")
         if self.spec_fixed_cost_rows is not None and not self.spec_fixed_cost_rows > 0:
             raise InvalidRequestError(f"spec_fixed_cost_rows must be > 0, got {self.spec_fixed_cost_rows!r}")
+        for name in ("ttft_slo", "itl_slo"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and value > 0):
+                raise InvalidRequestError(f"{name} must be a number of seconds > 0, got {value!r}")
+        if self.ttft_slo is not None and self.itl_slo is not None and self.ttft_slo < self.itl_slo:
+            raise InvalidRequestError(f"ttft_slo ({self.ttft_slo} s) below itl_slo ({self.itl_slo} s) cannot be "
+                                      "met: a first token takes at least one step")
         if self.num_pages is not None and self.num_pages < 2:
             raise InvalidRequestError("num_pages must be >= 2 (page 0 is the padding page)")
 

@@ -40,6 +40,7 @@ from runtime.output.state import OutputCallback
 from runtime.outputs import RequestOutput, final_output
 from runtime.request import PRIORITIES, Priority, Request
 from runtime.sampling_params import SamplingParams
+from runtime.scheduler.budget import prefill_budget
 from runtime.scheduler.cost_model import StepCostModel
 from runtime.scheduler.policy import make_policy
 from runtime.scheduler.scheduler import Scheduler
@@ -84,7 +85,8 @@ class Engine:
         self.scheduler = Scheduler(self.pool, self.cache, make_policy(cfg.schedule_policy, cfg.fair_scheduling,
                                                                       cfg.lpm_max_overtakes),
                                    cfg.max_running_requests, cfg.max_prefill_tokens,
-                                   cfg.decode_reserve_tokens, cfg.chunked_prefill_size)
+                                   cfg.decode_reserve_tokens, cfg.chunked_prefill_size,
+                                   prefill_budget(cfg, self.cost_model))
         self.runner = ModelRunner(self.model, self.kv, self.device, fused_decode(cfg, self.model, self.kv, self.device))
         self._scorer = Scorer(self.model, loaded.kv_dtype, cfg.page_size, self.device)
         if self._tp is not None:

@@ -33,7 +33,7 @@ class Request:
     - the output processor appends to ``output_ids`` and sets ``finish_reason`` (once);
     - the scheduler owns admission and KV: ``arrival``, ``status``, ``prefix``, ``pages``,
       ``num_computed``, ``num_cached_tokens``, ``num_retractions``, ``admitted_once``,
-      ``num_overtaken``.
+      ``num_overtaken``, ``arrival_s``.
 
     Everyone else only reads. Token bookkeeping (``all_ids = prompt_ids + output_ids``)::
 
@@ -54,6 +54,7 @@ class Request:
     finish_reason: FinishReason | None = None
     # ---- the scheduler's ----
     arrival: int = 0  # admission-order tiebreak, numbered by ``Scheduler.add`` (monotonic)
+    arrival_s: float = 0.0  # the scheduler's clock at ``Scheduler.add`` (TTFT targets count from it)
     status: RequestStatus = RequestStatus.WAITING
     prefix: PrefixMatch = EMPTY_MATCH  # locked cache prefix while RUNNING
     pages: list[int] = field(default_factory=list)  # page table: prefix pages + own pages
