@@ -32,8 +32,10 @@ from dataclasses import dataclass, field
 from runtime.scheduler.cost_model import StepCostModel, StepShape
 
 # A chosen set of drafts must raise the step's predicted tokens per second by this much:
-# below it the gain is within the cost model's error.
-MIN_GAIN = 0.05
+# below it the gain is within the cost model's error on a shared machine (its one-step
+# predictions are off by a third at the median there: tests/runtime/scheduler), and a
+# wrong "yes" costs a whole verify pass while a wrong "no" costs only the gain.
+MIN_GAIN = 0.25
 
 
 @dataclass

@@ -66,18 +66,19 @@ def test_a_step_that_verifies_anyway_charges_lookups_only_their_rows() -> None:
     """Forced drafts take the step off the decode-only path; a poorly accepted lookup
     then costs only its extra rows, which its expected gain can cover."""
     gate = SpeculationGate(_costs(extend_s=0.5), fixed_cost_rows=16.0)
-    assert gate.choose(1, [Candidate("text", 8, _stats(1, 11))]) == {}
-    chosen = gate.choose(2, [Candidate("json", 5, None), Candidate("text", 8, _stats(1, 11))])
-    assert chosen["json"] == 5 and chosen["text"] >= 1
+    assert gate.choose(1, [Candidate("text", 8, _stats(45, 4))]) == {}
+    chosen = gate.choose(2, [Candidate("json", 2, None), Candidate("text", 8, _stats(45, 4))])
+    assert chosen["json"] == 2 and chosen["text"] >= 1
 
 
 def test_batch_size_raises_the_bar() -> None:
     """Unmeasured, the prior (a pass costs 16 rows plus one a row) tries a fresh request's
-    drafts alone but not among 16 decoding requests."""
+    drafts alone but not among 16 decoding requests, where even drafts that are all
+    accepted would not pay enough to be proposed."""
     gate = SpeculationGate(StepCostModel(), fixed_cost_rows=16.0)
     assert 1 <= gate.choose(1, [Candidate("r", 8, SourceStats())])["r"] <= 8
     assert gate.choose(16, [Candidate("r", 8, SourceStats())]) == {}
-    assert gate.worth_proposing(1, 8) and gate.worth_proposing(16, 8)
+    assert gate.worth_proposing(1, 8) and not gate.worth_proposing(16, 8)
 
 
 def test_lookup_waits_until_the_decode_only_regime_is_measured() -> None:
