@@ -149,6 +149,7 @@ class OutputProcessor:
         room = min(req.params.max_new_tokens - len(req.output_ids), self.max_model_len - req.seq_len) - 1
         if room <= 0:
             return None
+        lookup = lookup and t.speculation.may_propose()
         texts = None
         if lookup:
             if t.prompt_text is None:
@@ -211,7 +212,7 @@ class OutputProcessor:
             stats.accepted_tokens += accepted
             stats.verify_rounds += 1
         if t.draft_source is not None:
-            t.speculation.stats(t.draft_source).record(drafted, accepted)
+            t.speculation.record(t.draft_source, drafted, accepted)
 
     @staticmethod
     def _logprobs_of(

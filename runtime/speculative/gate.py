@@ -79,12 +79,21 @@ class Shadow:
         return (len(self.draft_ids), len(produced)) if len(produced) == len(self.draft_ids) else None
 
 
+# Shadow rounds whose first draft missed, in a row, before lookup proposals back off:
+# a request then skips 2, 4, .. up to MAX_BACKOFF_STEPS steps of proposing (proposing
+# costs a text search and a tokenization per step, a few percent of a one-stream decode
+# step on the CPU), until a round accepts something again.
+MAX_BACKOFF_STEPS = 16
+
+
 @dataclass
 class RequestSpeculation:
     """A request's speculation state, kept by the output processor."""
 
     sources: dict[str, SourceStats] = field(default_factory=dict)
     shadow: Shadow | None = None
+    num_misses: int = 0  # rounds in a row (shadow or verified) that accepted nothing
+    skip_steps: int = 0  # steps left without lookup proposals (backoff)
 
     def stats(self, source: str) -> SourceStats:
         return self.sources.setdefault(source, SourceStats())
@@ -92,8 +101,22 @@ class RequestSpeculation:
     def check_shadow(self, output_ids: Sequence[int]) -> None:
         """Count the pending shadow round once its outcome is known."""
         if self.shadow is not None and (outcome := self.shadow.resolve(output_ids)) is not None:
-            self.stats(self.shadow.source).record(*outcome)
+            self.record(self.shadow.source, *outcome)
             self.shadow = None
+
+    def record(self, source: str, num_drafts: int, num_accepted: int) -> None:
+        """A round's outcome, verified or shadow."""
+        self.stats(source).record(num_drafts, num_accepted)
+        self.num_misses = 0 if num_accepted else self.num_misses + 1
+        if self.num_misses >= 2:
+            self.skip_steps = min(2 ** (self.num_misses - 1), MAX_BACKOFF_STEPS)
+
+    def may_propose(self) -> bool:
+        """Whether lookup drafts are proposed this step (counts a backoff step down)."""
+        if self.skip_steps > 0:
+            self.skip_steps -= 1
+            return False
+        return True
 
 
 @dataclass(frozen=True)

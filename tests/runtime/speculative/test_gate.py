@@ -12,7 +12,14 @@ from runtime.request import Request
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.batch import ScheduledBatch, VerifyItem
 from runtime.scheduler.cost_model import StepCostModel, StepShape
-from runtime.speculative.gate import Candidate, Shadow, SourceStats, SpeculationGate
+from runtime.speculative.gate import (
+    MAX_BACKOFF_STEPS,
+    Candidate,
+    RequestSpeculation,
+    Shadow,
+    SourceStats,
+    SpeculationGate,
+)
 from tests.runtime.output.test_processor import VOCAB, Recorder, _logits, _Tok
 
 
@@ -98,6 +105,22 @@ def test_a_shadow_round_resolves_at_the_first_mismatch_or_when_all_matched() -> 
     assert shadow.resolve([1, 4, 7, 8, 9, 3]) == (3, 3)
 
 
+def test_lookup_proposals_back_off_after_misses_and_resume_on_a_hit() -> None:
+    spec = RequestSpeculation()
+    spec.record("lookup", 4, 0)
+    assert spec.may_propose()  # one miss: keep proposing
+    spec.record("lookup", 4, 0)
+    assert [spec.may_propose() for _ in range(3)] == [False, False, True]  # 2 misses: skip 2
+    spec.record("lookup", 4, 0)
+    assert [spec.may_propose() for _ in range(5)] == [False] * 4 + [True]  # 3 misses: skip 4
+    for _ in range(10):
+        spec.record("lookup", 4, 0)
+    assert spec.skip_steps == MAX_BACKOFF_STEPS
+    spec.skip_steps = 0
+    spec.record("text_lookup", 4, 2)
+    assert spec.num_misses == 0 and spec.may_propose()
+
+
 def _processor(costs: StepCostModel) -> tuple[OutputProcessor, Request]:
     rec = Recorder()
     proc = OutputProcessor(_Tok(), [2], 1000, torch.Generator().manual_seed(0), rec.release, 16.0, costs)
@@ -139,8 +162,9 @@ def test_output_that_does_not_echo_its_prompt_stops_drafting_quickly() -> None:
     assert req.output_ids[: len(text)] == text[: len(req.output_ids)]
     assert 1 <= rounds <= 8
     assert _run(proc, req, [0, *text[1:]], 40) == 0
-    stats = proc.tracked("r").speculation.stats("lookup")
-    assert stats.rejections > 20  # shadow rounds kept counting
+    spec = proc.tracked("r").speculation
+    # Shadow rounds kept counting, ever more rarely (backoff: proposing has a cost too).
+    assert spec.stats("lookup").rejections >= 8 and spec.num_misses >= 8
     proc, req = _processor(_costs())
     req.output_ids.append(text[0])
     assert _run(proc, req, [0, *text[1:]], 60) == 0
