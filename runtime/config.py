@@ -56,6 +56,14 @@ class EngineConfig:
         None, "prefill tokens per step while other requests decode, so long prompts advance in "
         "chunks and running streams keep their pace (default: 16 on the CPU, 512 on CUDA)")
     decode_reserve_tokens: int = setting(16, "KV tokens reserved per running request at admission")
+    # NOTE: a request's own targets (SamplingParams) win over these; None for both is the
+    # fixed chunk, the baseline (scheduler/budget.py, docs/serving-slo.md).
+    ttft_slo: float | None = setting(
+        None, "time-to-first-token target in seconds: a prompt about to miss it gets a bigger "
+        "prefill share (with --itl-slo, steps are sized from measured step costs)")
+    itl_slo: float | None = setting(
+        None, "inter-token latency target in seconds: each step's prefill chunk is the largest whose "
+        "predicted step time keeps running streams within it (down to --chunked-prefill-size)")
     disable_prefix_cache: bool = setting(False, "use the do-nothing cache instead of the radix tree "
                                          "(the baseline for prefix-reuse measurements)")
     schedule_policy: SchedulePolicy = setting("lpm", "order of the waiting queue: 'lpm' (longest "
@@ -140,6 +148,13 @@ class EngineConfig:
             raise InvalidRequestError(f"grammar_timeout_s must be > 0, got {self.grammar_timeout_s!r}")
         if self.spec_fixed_cost_rows is not None and not self.spec_fixed_cost_rows > 0:
             raise InvalidRequestError(f"spec_fixed_cost_rows must be > 0, got {self.spec_fixed_cost_rows!r}")
+        for name in ("ttft_slo", "itl_slo"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and value > 0):
+                raise InvalidRequestError(f"{name} must be a number of seconds > 0, got {value!r}")
+        if self.ttft_slo is not None and self.itl_slo is not None and self.ttft_slo < self.itl_slo:
+            raise InvalidRequestError(f"ttft_slo ({self.ttft_slo} s) below itl_slo ({self.itl_slo} s) cannot be "
+                                      "met: a first token takes at least one step")
         if self.num_pages is not None and self.num_pages < 2:
             raise InvalidRequestError("num_pages must be >= 2 (page 0 is the padding page)")
 

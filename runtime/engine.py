@@ -40,6 +40,8 @@ from runtime.output.state import OutputCallback
 from runtime.outputs import RequestOutput, final_output
 from runtime.request import PRIORITIES, Priority, Request
 from runtime.sampling_params import SamplingParams
+from runtime.scheduler.budget import prefill_budget
+from runtime.scheduler.cost_model import StepCostModel
 from runtime.scheduler.policy import make_policy
 from runtime.scheduler.scheduler import Scheduler
 from runtime.tensor_parallel import BroadcastingRunner, LeaderGroup, with_rendezvous
@@ -79,10 +81,12 @@ class Engine:
                           args.head_dim, loaded.kv_dtype, self.device)
         self.cache: PrefixCache = NoPrefixCache(self.pool) if cfg.disable_prefix_cache else RadixTree(self.pool)
         assert cfg.chunked_prefill_size is not None and cfg.spec_fixed_cost_rows is not None
+        self.cost_model = StepCostModel()  # step times, learnt online (speculation gate)
         self.scheduler = Scheduler(self.pool, self.cache, make_policy(cfg.schedule_policy, cfg.fair_scheduling,
                                                                       cfg.lpm_max_overtakes),
                                    cfg.max_running_requests, cfg.max_prefill_tokens,
-                                   cfg.decode_reserve_tokens, cfg.chunked_prefill_size)
+                                   cfg.decode_reserve_tokens, cfg.chunked_prefill_size,
+                                   prefill_budget(cfg, self.cost_model))
         self.runner = ModelRunner(self.model, self.kv, self.device, fused_decode(cfg, self.model, self.kv, self.device))
         self._scorer = Scorer(self.model, loaded.kv_dtype, cfg.page_size, self.device)
         if self._tp is not None:
@@ -90,10 +94,11 @@ class Engine:
             self.runner = BroadcastingRunner(self.model, self.kv, self.device, self._tp)
         self.eos_token_ids = eos_token_ids(loaded.hf_config, self.tokenizer.eos_token_id)
         self.outputs = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len,
-                                       torch.Generator().manual_seed(cfg.seed), cfg.spec_fixed_cost_rows)
+                                       torch.Generator().manual_seed(cfg.seed), cfg.spec_fixed_cost_rows,
+                                       self.cost_model)
         self.spec = self.outputs.spec  # speculation counters over all requests
         self._core = EngineCore(self.scheduler, self.runner, self.outputs, cfg.speculation,
-                                debug=cfg.debug or env.debug_enabled())
+                                debug=cfg.debug or env.debug_enabled(), cost_model=self.cost_model)
         self._ids = itertools.count()
         self._grammar: GrammarCompiler | None = None  # built on the first constraint
         self._grammar_lock = threading.Lock()

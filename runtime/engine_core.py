@@ -41,6 +41,7 @@ from runtime.output.processor import OutputProcessor
 from runtime.output.state import OutputCallback
 from runtime.request import Request
 from runtime.scheduler.batch import ScheduledBatch
+from runtime.scheduler.cost_model import StepCostModel
 from runtime.scheduler.scheduler import Scheduler
 
 StepHook = Callable[[ScheduledBatch], None]
@@ -67,12 +68,14 @@ class EngineCore:
     Args:
         speculation: propose drafts each step (``EngineConfig.speculation``).
         debug: check the page invariants after every step and whenever idle.
+        cost_model: learns step times from every step (forward pass and sampling) it runs.
     """
 
     def __init__(self, scheduler: Scheduler, runner: ModelRunner, outputs: OutputProcessor,
-                 speculation: bool, debug: bool) -> None:
+                 speculation: bool, debug: bool, cost_model: StepCostModel | None = None) -> None:
         self.scheduler, self.runner, self.outputs = scheduler, runner, outputs
         self.speculation, self.debug = speculation, debug
+        self.cost_model = cost_model or StepCostModel()
         self.forward_passes = 0
         # Called on the engine thread with each batch before its forward pass (tests,
         # tracing). A hook must not change the batch; one that raises fails the batch.
@@ -182,6 +185,7 @@ class EngineCore:
             try:
                 for hook in list(self.step_hooks):
                     hook(batch)
+                started = time.perf_counter()
                 logits = self.runner.forward(batch.forward)
             except Exception as exc:  # a bug or device error: fail this batch, keep serving
                 log.exception("forward pass failed")
@@ -191,6 +195,7 @@ class EngineCore:
                 return True
             self.forward_passes += 1
             tokens = self.outputs.sample(batch, logits)
+            self.cost_model.observe(batch.shape, time.perf_counter() - started)
             self.scheduler.commit(batch, tokens.num_verified)
             if self.debug:
                 self.scheduler.check_integrity()

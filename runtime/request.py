@@ -34,7 +34,7 @@ class Request:
       keeps its per-request state in ``output_state``;
     - the scheduler owns admission and KV: ``arrival``, ``status``, ``prefix``, ``pages``,
       ``num_computed``, ``num_cached_tokens``, ``num_retractions``, ``admitted_once``,
-      ``num_overtaken``.
+      ``num_overtaken``, ``arrival_s``.
 
     Everyone else only reads. Token bookkeeping (``all_ids = prompt_ids + output_ids``)::
 
@@ -58,6 +58,7 @@ class Request:
     output_state: Any = None
     # ---- the scheduler's ----
     arrival: int = 0  # admission-order tiebreak, numbered by ``Scheduler.add`` (monotonic)
+    arrival_s: float = 0.0  # the scheduler's clock at ``Scheduler.add`` (TTFT targets count from it)
     status: RequestStatus = RequestStatus.WAITING
     prefix: PrefixMatch = EMPTY_MATCH  # locked cache prefix while RUNNING
     pages: list[int] = field(default_factory=list)  # page table: prefix pages + own pages

@@ -43,6 +43,10 @@ class SamplingParams:
     skip_special_tokens: bool = True
     constraint: Any = None
     speculation: bool = True  # allow speculative drafts for this request
+    # Latency targets in seconds for this request, over the engine's (EngineConfig.ttft_slo,
+    # itl_slo); None: the engine's. They size prefill budgets (docs/serving-slo.md).
+    ttft_slo: float | None = None
+    itl_slo: float | None = None
 
     def __post_init__(self) -> None:
         # Accept lists for convenience but store tuples (frozen, hashable).
@@ -95,6 +99,10 @@ class SamplingParams:
         for name in ("frequency_penalty", "presence_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise bad(f"{name} must be in [-2, 2], got {getattr(self, name)!r}")
+        for name in ("ttft_slo", "itl_slo"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and value > 0):
+                raise bad(f"{name} must be a number of seconds > 0, got {value!r}")
         if not self.repetition_penalty > 0.0:
             raise bad(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty!r}")
 

@@ -46,7 +46,16 @@ from runtime.sampling.penalties import TokenHistory, apply_penalties, suppress_s
 from runtime.sampling.sampler import sample
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.batch import ScheduledBatch
-from runtime.speculative import DraftProposer, SpecStats, lookup_break_even, verify_drafts
+from runtime.scheduler.cost_model import StepCostModel
+from runtime.speculative import (
+    Candidate,
+    DraftProposer,
+    Proposal,
+    Shadow,
+    SpecStats,
+    SpeculationGate,
+    verify_drafts,
+)
 
 log = logging.getLogger("arbor.engine")
 
@@ -57,16 +66,19 @@ class OutputProcessor:
     Args:
         generator: the engine's random generator: it draws the seed of every request
             submitted without one (so sampling is reproducible per engine seed).
-        spec_fixed_cost_rows: a forward pass's fixed cost in rows, for drafting decisions.
+        spec_fixed_cost_rows: a forward pass's fixed cost in rows, the speculation gate's
+            prior until step costs are measured.
+        cost_model: the engine's step cost model (the speculation gate reads it).
     """
 
     def __init__(self, tokenizer: object, eos_token_ids: list[int], max_model_len: int,
-                 generator: torch.Generator, spec_fixed_cost_rows: float) -> None:
+                 generator: torch.Generator,
+                 spec_fixed_cost_rows: float, cost_model: StepCostModel | None = None) -> None:
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
         self._generator = generator
-        self._spec_fixed_cost_rows = spec_fixed_cost_rows
+        self.gate = SpeculationGate(cost_model or StepCostModel(), spec_fixed_cost_rows)
         self._finals: list[Final] = []  # finished this step; sent once their pages are released
         self.proposer = DraftProposer(tokenizer)
         self.spec = SpecStats()  # speculation counters over all requests
@@ -94,31 +106,45 @@ class OutputProcessor:
 
     # ---- before the pass ------------------------------------------------------------------
     def propose_drafts(self, decoding: list[Request]) -> dict[str, list[int]]:
-        """Draft tokens for every decoding request that allows speculation, by id."""
-        # NOTE: drafts never change a token (greedy or sampled: see the sampler), so every
-        # request follows the break-even rate of the current batch size.
-        break_even = lookup_break_even(len(decoding), self._spec_fixed_cost_rows)
-        proposed: dict[str, list[int]] = {}
+        """Draft tokens to verify, by request id: grammar-forced drafts always, lookup
+        drafts where the gate expects them to pay (the rest become shadow rounds)."""
+        # NOTE: drafts never change a token (greedy or sampled: see the sampler), so the
+        # gate may choose freely for every request.
+        lookup = self.gate.worth_proposing(len(decoding), self.proposer.max_draft_tokens)
+        proposals: dict[str, Proposal] = {}
+        by_id = {r.request_id: r for r in decoding}
         for req in decoding:
-            if not req.params.speculation:
-                continue
-            t = tracked(req)
-            room = min(req.params.max_new_tokens - len(req.output_ids), self.max_model_len - req.seq_len) - 1
-            if room <= 0:
-                continue
+            if req.params.speculation and (p := self._propose(req, lookup)) is not None:
+                proposals[req.request_id] = p
+        candidates = [Candidate(rid, len(p.draft_ids),
+                                None if p.forced else tracked(by_id[rid]).speculation.stats(p.source))
+                      for rid, p in proposals.items()]
+        chosen = self.gate.choose(len(decoding), candidates)
+        drafts: dict[str, list[int]] = {}
+        for rid, p in proposals.items():
+            t = tracked(by_id[rid])
+            if k := chosen.get(rid, 0):
+                drafts[rid] = p.draft_ids[:k]
+                t.draft_source = None if p.forced else p.source
+                t.spec.forced_tokens += k if p.forced else 0
+                self.spec.forced_tokens += k if p.forced else 0
+            elif t.speculation.shadow is None:
+                t.speculation.shadow = Shadow(p.source, tuple(p.draft_ids), len(t.request.output_ids))
+        return drafts
+
+    def _propose(self, req: Request, lookup: bool) -> Proposal | None:
+        t = tracked(req)
+        t.speculation.check_shadow(req.output_ids)
+        room = min(req.params.max_new_tokens - len(req.output_ids), self.max_model_len - req.seq_len) - 1
+        if room <= 0:
+            return None
+        lookup = lookup and t.speculation.may_propose()
+        texts = None
+        if lookup:
             if t.prompt_text is None:
                 t.prompt_text = self.tokenizer.decode(req.prompt_ids)  # type: ignore[attr-defined]
             texts = (t.prompt_text, t.detok.text)
-            drafts, forced = self.proposer.propose(req.all_ids, t.matcher, t.spec, room, texts, break_even)
-            t.drafts_from_lookup = bool(drafts) and not forced
-            if t.drafts_from_lookup:
-                t.spec.lookup_rounds += 1
-                t.spec.lookup_draft_tokens += len(drafts)
-            t.spec.forced_tokens += forced
-            self.spec.forced_tokens += forced
-            if drafts:
-                proposed[req.request_id] = drafts
-        return proposed
+        return self.proposer.propose(req.all_ids, t.matcher, room, texts, lookup)
 
     # ---- after the pass: logits -> tokens --------------------------------------------------
     def sample(self, batch: ScheduledBatch, result: ForwardOutput) -> StepTokens:
@@ -134,7 +160,7 @@ class OutputProcessor:
         t = tracked(req)
         tokens, accepted = verify_drafts(rows, drafts, req.params, t.matcher, t.seed,
                                          len(req.output_ids), self._stop_ids(t), t.history)
-        self._count_spec(t, len(drafts), accepted, from_lookup=t.drafts_from_lookup)
+        self._count_spec(t, len(drafts), accepted)
         logprobs, top = self._logprobs_of(req.params, rows[: len(tokens)], tokens)
         return NewTokens(req, tokens, logprobs, top, verified=True)
 
@@ -170,13 +196,13 @@ class OutputProcessor:
         ignore_eos = params.ignore_eos and t.matcher is None  # a grammar decides where EOS goes
         return set(params.stop_token_ids) | (set() if ignore_eos else set(self.eos_token_ids))
 
-    def _count_spec(self, t: TrackedRequest, drafted: int, accepted: int, from_lookup: bool) -> None:
+    def _count_spec(self, t: TrackedRequest, drafted: int, accepted: int) -> None:
         for stats in (t.spec, self.spec):
             stats.draft_tokens += drafted
             stats.accepted_tokens += accepted
             stats.verify_rounds += 1
-        if from_lookup:
-            t.spec.lookup_accepted_tokens += accepted
+        if t.draft_source is not None:
+            t.speculation.record(t.draft_source, drafted, accepted)
 
     @staticmethod
     def _logprobs_of(

@@ -11,7 +11,7 @@ from runtime.output.detokenizer import IncrementalDetokenizer
 from runtime.outputs import ConstraintCheck, RequestOutput
 from runtime.request import Request
 from runtime.sampling.penalties import TokenHistory
-from runtime.speculative import SpecStats
+from runtime.speculative import RequestSpeculation, SpecStats
 
 OutputCallback = Callable[[RequestOutput], None]
 TopLogprobs = dict[int, float]
@@ -32,7 +32,9 @@ class TrackedRequest:
     matcher: GrammarMatcher | None = None  # attached once the constraint is compiled
     grammar: CheckedGrammar | None = None  # the matcher's grammar: checks the final output
     spec: SpecStats = field(default_factory=SpecStats)
-    drafts_from_lookup: bool = False  # this step's drafts came from prompt lookup
+    # Acceptance per draft source and the pending shadow round (runtime.speculative.gate)
+    speculation: RequestSpeculation = field(default_factory=RequestSpeculation)
+    draft_source: str | None = None  # this step's drafts' lookup source; None: forced or none
     prompt_text: str | None = None  # decoded once, for text-level prompt lookup
     history: TokenHistory | None = None  # token counts, for a request with penalties
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from runtime.request import Request
+from runtime.scheduler.cost_model import StepShape
 
 LogitsWanted = Literal["none", "last", "all"]
 
@@ -92,6 +93,12 @@ class ScheduledBatch:
     @property
     def empty(self) -> bool:
         return not self.prefill and not self.decode and not self.verify
+
+    @property
+    def shape(self) -> StepShape:
+        """The rows this step computes, for the step cost model."""
+        return StepShape(decode_rows=len(self.decode), prefill_tokens=sum(i.num_tokens for i in self.prefill),
+                         verify_rows=sum(1 + len(v.draft_ids) for v in self.verify))
 
 
 def _prefill_seq(item: PrefillItem) -> ForwardSeq:

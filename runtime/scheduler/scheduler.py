@@ -38,13 +38,15 @@ of a request's pages, prefix, positions and status.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from runtime.cache.page_pool import PagePool
 from runtime.cache.prefix_cache import EMPTY_MATCH, PrefixCache, PrefixMatch
 from runtime.request import Request, RequestStatus
 from runtime.scheduler.batch import PrefillItem, ScheduledBatch, VerifyItem
+from runtime.scheduler.budget import FixedBudget, PrefillBudget
 from runtime.scheduler.policy import LPM_MAX_WAITING, SchedulePolicy
 from runtime.scheduler.stats import SchedulerStats
 
@@ -71,12 +73,17 @@ class Scheduler:
         max_prefill_tokens: int,
         decode_reserve_tokens: int,
         chunked_prefill_size: int | None = None,
+        budget: PrefillBudget | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.pool, self.cache, self.policy = pool, cache, policy
         self.max_running = max_running_requests
         self.max_prefill_tokens = max_prefill_tokens
         # Budget while others decode (None: the same as max_prefill_tokens).
         self.chunked_prefill_size = chunked_prefill_size or max_prefill_tokens
+        # The best class's prefill tokens per step (None: the fixed chunk while it decodes).
+        self.budget = budget or FixedBudget(self.chunked_prefill_size, max_prefill_tokens)
+        self.clock = clock  # stamps Request.arrival_s (TTFT targets count from it)
         self.decode_reserve_tokens = decode_reserve_tokens
         self.waiting: list[Request] = []
         self.running: list[Request] = []
@@ -90,6 +97,7 @@ class Scheduler:
     # ---- queue --------------------------------------------------------------------------
     def add(self, request: Request) -> None:
         request.arrival = next(self._arrival)
+        request.arrival_s = self.clock()
         self.waiting.append(request)
         self._live[request.request_id] = request
 
@@ -119,11 +127,11 @@ class Scheduler:
         decode = [r for r in decoding if not drafts.get(r.request_id)]
         verify = [VerifyItem(r, tuple(drafts[r.request_id])) for r in decoding if drafts.get(r.request_id)]
         decode_pages = self._decode_growth(drafts)
-        # NOTE: the small budget protects the inter-token latency of best-class streams:
-        # while only worse-class (batch) requests decode, a best-class prompt is prefilled
+        # NOTE: the budget protects the inter-token latency of best-class streams: while
+        # only worse-class (batch) requests decode, a best-class prompt is prefilled
         # whole; worse-class prompts stay in small chunks whenever anything decodes.
-        protected = any(self.policy.rank(r) == 0 for r in decoding)
-        tokens = self.chunked_prefill_size if protected else self.max_prefill_tokens
+        protected = [r for r in decoding if self.policy.rank(r) == 0]
+        tokens = self.budget.tokens(protected, self._prefilling())
         budget = _StepBudget(max(tokens, self._deferred_budget), self._available_pages() - decode_pages)
         self._deferred_budget = 0
         best_present = any(self.policy.rank(r) == 0 for r in [*self.running, *self.waiting])
@@ -137,6 +145,9 @@ class Scheduler:
             verify = [v for v in verify if self.policy.rank(v.request) == 0]
         self._allocate(prefill, decode, verify)
         return ScheduledBatch.build(prefill, decode, verify, retracted)
+
+    def _prefilling(self) -> list[Request]:
+        return [*self.waiting, *(r for r in self.running if not r.is_decoding)]
 
     def _prefill_class(self, budget: _StepBudget, rank: int, capped: bool) -> list[PrefillItem]:
         """Continue, then admit, the prefills of class ``rank``; ``capped``: at most

@@ -83,6 +83,8 @@ class NativeSamplingParams(Strict):
     logprob_start_len: int = Field(default=0, ge=0)  # first prompt position to score
     skip_special_tokens: bool = True
     speculation: bool = True
+    ttft_slo: float | None = Field(default=None, gt=0)  # seconds; None: the engine's target
+    itl_slo: float | None = Field(default=None, gt=0)  # seconds; None: the engine's target
     constraint: ConstraintSpec | None = None
 
 

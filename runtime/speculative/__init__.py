@@ -4,10 +4,14 @@ Draft sources (``drafts.py``): tokens the grammar forces, and n-grams copied fro
 request's own prompt and output (prompt lookup). Verification (``verify.py``) accepts a
 draft token only when the target model would have produced it: exact match for greedy,
 the distribution-preserving rule for sampling, with the grammar mask applied at every
-position. A speculative path changes speed, never the output.
+position. Whether drafts are worth verifying at all (``gate.py``) is decided per request
+and draft source, from their acceptance and the measured cost of verify rows. A
+speculative path changes speed, never the output.
 """
 
-from runtime.speculative.drafts import DraftProposer, SpecStats, lookup_break_even
+from runtime.speculative.drafts import DraftProposer, Proposal, SpecStats
+from runtime.speculative.gate import Candidate, RequestSpeculation, Shadow, SpeculationGate
 from runtime.speculative.verify import verify_drafts
 
-__all__ = ["DraftProposer", "SpecStats", "lookup_break_even", "verify_drafts"]
+__all__ = ["Candidate", "DraftProposer", "Proposal", "RequestSpeculation", "Shadow", "SpecStats",
+           "SpeculationGate", "verify_drafts"]

@@ -1,4 +1,4 @@
-"""Where draft tokens come from, and when a request stops asking for them."""
+"""Where draft tokens come from (whether they are verified: ``gate.py``)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.constrained.matcher import GrammarMatcher
-
-# When prompt lookup pays. A verified draft token costs one row of the forward pass; an
-# accepted one saves a whole pass for its request. With a pass costing ``F + B`` rows for
-# B decoding requests (F: the pass's fixed cost, in rows), drafting raises the batch's
-# tokens per second only when the acceptance rate exceeds ``B / (F + B)``: on the CPU about
-# 6% alone (wasted drafts are nearly free there) and 50% at 16 requests. A request's rate
-# is estimated with a Laplace prior (one accepted and one rejected token), so a first
-# round is tried wherever the break-even rate is below one half. Grammar-forced drafts
-# always continue: they are (almost) always accepted.
 
 
 @dataclass
@@ -26,13 +17,19 @@ class SpecStats:
     accepted_tokens: int = 0  # of those, accepted
     forced_tokens: int = 0  # draft tokens that came from the grammar
     verify_rounds: int = 0  # forward passes that verified at least one draft
-    lookup_draft_tokens: int = 0
-    lookup_accepted_tokens: int = 0
-    lookup_rounds: int = 0
 
     @property
     def acceptance_rate(self) -> float:
         return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """Drafts for one request and where they came from."""
+
+    draft_ids: list[int]
+    source: str  # the DraftSource's name
+    forced: bool  # grammar-forced: verified whatever the gate thinks of lookups
 
 
 class DraftSource(ABC):
@@ -124,33 +121,22 @@ class DraftProposer:
         self.lookup = PromptLookupDraft()
         self.text_lookup = TextLookupDraft(tokenizer) if tokenizer is not None else None
 
-    def propose(
-        self, token_ids: list[int], matcher: GrammarMatcher | None, stats: SpecStats, room: int,
-        texts: tuple[str, str] | None = None, break_even: float = 0.0,
-    ) -> tuple[list[int], int]:
-        """Drafts for one request, at most ``room`` tokens. Returns (drafts, num_forced).
+    def propose(self, token_ids: list[int], matcher: GrammarMatcher | None, room: int,
+                texts: tuple[str, str] | None = None, lookup: bool = True) -> Proposal | None:
+        """Drafts for one request, at most ``room`` tokens, or None.
 
-        ``texts`` is (prompt text, output text so far), for text-level lookup;
-        ``break_even`` is the acceptance rate below which lookup drafts cost more than they
-        save at the current batch size (see ``lookup_break_even``).
+        ``texts`` is (prompt text, output text so far), for text-level lookup; ``lookup``:
+        False proposes grammar-forced drafts only.
         """
         forced = self.forced.propose(token_ids, matcher, min(room, self.max_forced_tokens))
         if forced:
-            return forced, len(forced)
-        if not self.lookup_pays(stats, break_even):
-            return [], 0
+            return Proposal(forced, self.forced.name, forced=True)
+        if not lookup:
+            return None
         limit = min(room, self.max_draft_tokens)
-        drafts: list[int] = []
-        if self.text_lookup is not None and texts is not None:
-            drafts = self.text_lookup.propose(texts[0], texts[1], limit)
-        return drafts or self.lookup.propose(token_ids, matcher, limit), 0
-
-    @staticmethod
-    def lookup_pays(stats: SpecStats, break_even: float = 0.0) -> bool:
-        """Whether this request's lookup drafts are accepted often enough to pay."""
-        return (stats.lookup_accepted_tokens + 1) / (stats.lookup_draft_tokens + 2) > break_even
-
-
-def lookup_break_even(num_decoding: int, fixed_cost_rows: float) -> float:
-    """Acceptance rate at which lookup drafts neither gain nor lose throughput."""
-    return num_decoding / (fixed_cost_rows + num_decoding)
+        if self.text_lookup is not None and texts is not None and (
+                drafts := self.text_lookup.propose(texts[0], texts[1], limit)):
+            return Proposal(drafts, self.text_lookup.name, forced=False)
+        if drafts := self.lookup.propose(token_ids, matcher, limit):
+            return Proposal(drafts, self.lookup.name, forced=False)
+        return None

@@ -11,6 +11,7 @@ import pytest
 
 from grammars import RegexConstraint
 from runtime import Engine, SamplingParams
+from tests.runtime.speculative.drafting import always_draft
 
 NUM_REQUESTS = 16
 
@@ -35,10 +36,9 @@ def workload() -> tuple[list[list[int]], list[SamplingParams]]:
 
 
 def engine(model_dir: Path, **settings: object) -> Engine:
-    # NOTE: a high fixed cost per pass makes lookup drafts pay at batch 16 too, so the
-    # speculative runs really verify drafts.
-    return Engine(model=str(model_dir), page_size=4, num_threads=1, spec_fixed_cost_rows=256.0,
-                  **settings)  # type: ignore[arg-type]
+    # NOTE: every lookup draft is verified (paying or not), so the speculative runs
+    # really verify drafts at batch 16 too.
+    return always_draft(Engine(model=str(model_dir), page_size=4, num_threads=1, **settings))  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")

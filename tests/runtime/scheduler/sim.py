@@ -12,6 +12,9 @@ retracted request that resumes must end with exactly the tokens it would have ha
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from runtime.cache.no_prefix_cache import NoPrefixCache
 from runtime.cache.page_pool import PagePool
 from runtime.cache.prefix_cache import PrefixCache
@@ -20,6 +23,7 @@ from runtime.outputs import FinishReason
 from runtime.request import Priority, Request
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.batch import ScheduledBatch
+from runtime.scheduler.budget import PrefillBudget
 from runtime.scheduler.policy import DEFAULT_MAX_OVERTAKES, make_policy
 from runtime.scheduler.scheduler import Scheduler
 
@@ -45,13 +49,16 @@ class Sim:
         max_model_len: int | None = None,
         fair: bool = False,
         lpm_max_overtakes: int | None = DEFAULT_MAX_OVERTAKES,
+        budget: PrefillBudget | None = None,  # None: the fixed chunk
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.pool = PagePool(num_pages, page_size)
         # Like the engine: a request stops at max_model_len tokens, at most the pool's capacity.
         self.max_model_len = max_model_len or (num_pages - 1) * page_size
         self.cache: PrefixCache = RadixTree(self.pool) if prefix_cache else NoPrefixCache(self.pool)
         self.sched = Scheduler(self.pool, self.cache, make_policy(policy, fair, lpm_max_overtakes), max_running,
-                               max_prefill_tokens, decode_reserve_tokens, chunked_prefill_size)
+                               max_prefill_tokens, decode_reserve_tokens, chunked_prefill_size,
+                               budget, clock)
         self.finished: list[Request] = []
 
     def add(self, rid: str, prompt_ids: list[int], max_new_tokens: int, *,

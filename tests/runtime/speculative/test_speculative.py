@@ -15,13 +15,9 @@ from pydantic import BaseModel
 from grammars import RegexConstraint, load_grammar
 from runtime import Engine, SamplingParams
 from runtime.sampling.sampler import sample
-from runtime.speculative.drafts import (
-    DraftProposer,
-    PromptLookupDraft,
-    SpecStats,
-    lookup_break_even,
-)
+from runtime.speculative.drafts import PromptLookupDraft
 from runtime.speculative.verify import verify_drafts
+from tests.runtime.speculative.drafting import always_draft
 
 
 class Person(BaseModel):
@@ -75,8 +71,7 @@ def tiny16_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _sampled_tokens(engine: Engine, seeds: range) -> torch.Tensor:
-    """[len(seeds), 10] tokens of seeded sampled requests, 8 at a time (at that batch size a
-    request's prompt-lookup drafts are tried: break-even 8 / (16 + 8) < the prior 1/2)."""
+    """[len(seeds), 10] tokens of seeded sampled requests, 8 at a time."""
     prompt = [3, 4, 5, 3, 4, 5, 3, 4]  # repetitive, so prompt lookup proposes drafts
     params = [SamplingParams(max_new_tokens=10, temperature=1.0, seed=s, ignore_eos=True) for s in seeds]
     outs = [o for i in range(0, len(params), 8)
@@ -97,7 +92,7 @@ def test_sampling_distribution_kept(tiny16_dir: Path) -> None:
     for spec in (False, True):
         engine = Engine(model=str(tiny16_dir), page_size=4, num_pages=2048, speculation=spec)
         try:
-            tokens[spec] = _sampled_tokens(engine, range(runs))
+            tokens[spec] = _sampled_tokens(always_draft(engine), range(runs))
             if spec:
                 fresh = _sampled_tokens(engine, range(runs, 2 * runs))
                 assert engine.metrics()["spec_draft_tokens"] > 0
@@ -174,23 +169,6 @@ def test_text_lookup_finds_copies_that_token_ngrams_miss(tiny_llama_dir: Path) -
     assert draft.propose(prompt, '{"name": "Zed', 4) == []
 
 
-def test_lookup_gets_out_of_the_way_at_large_batches() -> None:
-    """Lookup drafts pay only above the break-even acceptance B / (F + B)."""
-    assert lookup_break_even(1, 16.0) == pytest.approx(1 / 17)
-    assert lookup_break_even(16, 16.0) == pytest.approx(0.5)
-    fresh, good, poor, hopeless = SpecStats(), SpecStats(), SpecStats(), SpecStats()
-    good.lookup_draft_tokens, good.lookup_accepted_tokens = 16, 14
-    poor.lookup_draft_tokens, poor.lookup_accepted_tokens = 24, 4  # 5/26 = 19%
-    hopeless.lookup_draft_tokens = 40  # 1/42 = 2%
-    pays = DraftProposer.lookup_pays
-    alone, eight, sixteen = (lookup_break_even(n, 16.0) for n in (1, 8, 16))
-    # Alone, a wasted draft row is nearly free: even 19% acceptance pays; 2% does not.
-    assert pays(fresh, alone) and pays(poor, alone) and not pays(hopeless, alone)
-    # At 16 requests an unknown request is not worth a try (50%); a proven one is.
-    assert not pays(fresh, sixteen) and pays(good, sixteen)
-    assert pays(fresh, eight) and not pays(poor, eight)  # one round is tried at 1/3
-
-
 @pytest.mark.parametrize(("temperature", "penalties"), [
     (0.0, {"frequency_penalty": -1.0, "presence_penalty": 0.5}),
     (1.0, {"frequency_penalty": -1.0, "presence_penalty": 0.5}),
@@ -209,7 +187,7 @@ def test_speculation_never_changes_penalized_tokens(tiny16_dir: Path, temperatur
     for spec in (False, True):
         eng = Engine(model=str(tiny16_dir), page_size=4, num_pages=1024, speculation=spec)
         try:
-            tokens[spec] = [o.token_ids for o in eng.generate(input_ids=[prompt] * 8, sampling_params=params)]
+            tokens[spec] = [o.token_ids for o in always_draft(eng).generate(input_ids=[prompt] * 8, sampling_params=params)]
             if spec:
                 assert eng.metrics()["spec_draft_tokens"] > 0 and eng.metrics()["spec_accepted_tokens"] > 0
         finally:

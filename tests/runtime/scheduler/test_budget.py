@@ -1,0 +1,153 @@
+"""Prefill budgets from latency targets: the budget decision against a cost model that has
+seen exact step times, and, in the scheduler with a virtual clock, a tighter ITL target
+giving a lower ITL p99 and a higher TTFT."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from runtime.cli import build_parser
+from runtime.config import EngineConfig
+from runtime.errors import InvalidRequestError
+from runtime.request import Request
+from runtime.sampling_params import SamplingParams
+from runtime.scheduler.budget import FixedBudget, LatencyTargetBudget
+from runtime.scheduler.cost_model import StepCostModel, StepShape
+from tests.runtime.scheduler.sim import Sim
+
+
+def step_seconds(shape: StepShape) -> float:
+    """The fake machine: a decode-only step 10 ms + 1 ms a row; a step with prefill 14 ms
+    + 1 ms a decode row + 0.1 ms a prompt token."""
+    if shape.regime == "decode":
+        return 0.010 + 0.001 * shape.decode_rows
+    return 0.014 + 0.001 * shape.decode_rows + 0.0001 * (shape.prefill_tokens + shape.verify_rows)
+
+
+def trained() -> StepCostModel:
+    model = StepCostModel()
+    for d in (1, 2, 4, 8, 3):
+        model.observe(StepShape(decode_rows=d), step_seconds(StepShape(decode_rows=d)))
+    for d, p in ((0, 300), (4, 16), (2, 64), (8, 128), (1, 512)):
+        model.observe(StepShape(d, p), step_seconds(StepShape(d, p)))
+    return model
+
+
+def _req(rid: str, prompt_len: int, arrival_s: float = 0.0, **params: float) -> Request:
+    r = Request(rid, list(range(3, 3 + prompt_len)), SamplingParams(max_new_tokens=8, **params))  # type: ignore[arg-type]
+    r.arrival_s = arrival_s
+    return r
+
+
+def _decoding(n: int) -> list[Request]:
+    out = []
+    for i in range(n):
+        r = _req(f"d{i}", 4)
+        r.output_ids.append(7)
+        r.num_computed = r.seq_len - 1
+        out.append(r)
+    return out
+
+
+def budget(itl: float | None = None, ttft: float | None = None, now: float = 0.0,
+           cost: StepCostModel | None = None) -> LatencyTargetBudget:
+    return LatencyTargetBudget(cost or trained(), itl, ttft, min_chunk=16, max_tokens=2048, clock=lambda: now)
+
+
+def test_without_targets_it_budgets_as_the_fixed_chunk() -> None:
+    fixed, sized = FixedBudget(16, 2048), budget()
+    for decoding in ([], _decoding(1), _decoding(8)):
+        for waiting in ([], [_req("w", 900)]):
+            assert sized.tokens(decoding, waiting) == fixed.tokens(decoding, waiting)
+
+
+def test_itl_target_sizes_the_chunk_from_the_cost_model() -> None:
+    """4 streams: 18 ms + 0.1 ms a prompt token; 30 ms leaves 120 tokens, 20 ms 20."""
+    decoding, waiting = _decoding(4), [_req("w", 900)]
+    assert budget(itl=0.030).tokens(decoding, waiting) == pytest.approx(120, abs=1)
+    assert budget(itl=0.020).tokens(decoding, waiting) == pytest.approx(20, abs=1)
+    assert budget(itl=1.0).tokens(decoding, waiting) == 2048  # nothing at risk: the ceiling
+    assert budget(itl=0.030).tokens([], waiting) == 2048  # nothing decodes
+    tight = _decoding(4)
+    tight[0] = _req("own", 4, itl_slo=0.020)
+    tight[0].output_ids.append(7)
+    tight[0].num_computed = tight[0].seq_len - 1
+    assert budget(itl=0.030).tokens(tight, waiting) == pytest.approx(20, abs=1)  # the request's own wins
+
+
+def test_unreachable_itl_target_keeps_prefill_moving_and_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    b = budget(itl=0.005)  # below a bare decode step
+    with caplog.at_level(logging.WARNING, logger="arbor.scheduler"):
+        assert b.tokens(_decoding(4), [_req("w", 900)]) == 16
+        assert b.tokens(_decoding(4), [_req("w", 900)]) == 16
+    assert len([r for r in caplog.records if "ITL target" in r.getMessage()]) == 1
+
+
+def test_unmeasured_costs_give_the_fixed_chunk() -> None:
+    assert budget(itl=0.030, ttft=0.5, cost=StepCostModel()).tokens(_decoding(4), [_req("w", 900)]) == 16
+
+
+def test_a_prompt_near_its_ttft_target_gets_the_tokens_it_needs() -> None:
+    """TTFT 1 s, steps of ~19.6 ms: 900 tokens arriving now spread over ~51 steps; the
+    same prompt 0.9 s old has 5 steps left; 2 s old it is late: all of it now."""
+    decoding = _decoding(4)
+    assert budget(ttft=1.0, now=0.0).tokens(decoding, [_req("w", 900)]) == 18
+    assert budget(ttft=1.0, now=0.9).tokens(decoding, [_req("w", 900)]) == 180
+    assert budget(ttft=1.0, now=2.0).tokens(decoding, [_req("w", 900)]) == 900
+    # A prompt queued behind another counts the tokens ahead of it: alone, 900 tokens
+    # with 20 steps left need 45 a step; behind 100 older ones, 50.
+    assert budget(ttft=1.0, now=0.9).tokens(decoding, [_req("a", 900, arrival_s=0.3)]) == 45
+    assert budget(ttft=1.0, now=0.9).tokens(decoding, [_req("a", 900, arrival_s=0.3), _req("b", 100)]) == 50
+
+
+def _serve(itl_slo: float) -> tuple[float, float]:
+    """Streams decode while long prompts arrive; returns (ITL p99, mean TTFT) in seconds
+    of the fake machine's virtual time."""
+    now = [0.0]
+    cost = trained()
+    sim = Sim(num_pages=20000, prefix_cache=False, max_running=64, max_prefill_tokens=2048, chunked_prefill_size=16,
+              budget=LatencyTargetBudget(cost, itl_slo, None, 16, 2048, clock=lambda: now[0]),
+              clock=lambda: now[0])
+    for i in range(4):
+        sim.add(f"s{i}", list(range(1000 * (i + 1), 1000 * (i + 1) + 37)), 200)  # distinct: no cache hits
+    arrivals = {step: f"p{step}" for step in range(20, 200, 30)}
+    last: dict[str, float] = {}
+    gaps: list[float] = []
+    first: dict[str, float] = {}
+    added: dict[str, float] = {}
+    step = 0
+    while sim.sched.has_work:
+        if step in arrivals:
+            added[arrivals[step]] = now[0]
+            sim.add(arrivals[step], list(range(10000 * step, 10000 * step + 600)), 16)
+        batch = sim.step()
+        now[0] += step_seconds(batch.shape)
+        for r in [i.request for i in batch.prefill if i.completes] + batch.decode:
+            rid = r.request_id
+            if rid in last:
+                gaps.append(now[0] - last[rid])
+            elif rid in added:
+                first[rid] = now[0] - added[rid]
+            last[rid] = now[0]
+        step += 1
+    gaps.sort()
+    return gaps[int(0.99 * (len(gaps) - 1))], sum(first.values()) / len(first)
+
+
+def test_a_tighter_itl_target_gives_lower_itl_p99_and_higher_ttft() -> None:
+    loose_itl, loose_ttft = _serve(itl_slo=0.080)
+    tight_itl, tight_ttft = _serve(itl_slo=0.025)
+    assert tight_itl < loose_itl and tight_ttft > loose_ttft
+    assert tight_itl <= 0.025 + 1e-9  # the target held, on the machine the model learnt
+
+
+def test_bad_targets_are_refused_at_start() -> None:
+    for bad in ({"itl_slo": 0.0}, {"ttft_slo": -1.0}, {"ttft_slo": 0.01, "itl_slo": 0.05}):
+        with pytest.raises(InvalidRequestError, match="slo"):
+            EngineConfig(**bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequestError, match="itl_slo"):
+        SamplingParams(itl_slo=0)
+    args = build_parser().parse_args(["serve", "--itl-slo", "0.05", "--ttft-slo", "2"])
+    assert (args.itl_slo, args.ttft_slo) == (0.05, 2.0)
