@@ -37,10 +37,11 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine settings")
     for f in dataclasses.fields(EngineConfig):
         flags = ["--" + f.name.replace("_", "-"), *_ALIASES.get(f.name, ())]
+        described = {"help": f.metadata["help"] + " (default: %(default)s)"} if "help" in f.metadata else {}
         if hints[f.name] is bool:
-            group.add_argument(*flags, action=argparse.BooleanOptionalAction, default=f.default)
+            group.add_argument(*flags, action=argparse.BooleanOptionalAction, default=f.default, **described)
         else:
-            group.add_argument(*flags, type=_flag_type(hints[f.name]), default=f.default)
+            group.add_argument(*flags, type=_flag_type(hints[f.name]), default=f.default, **described)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
+from grammars.schema_check import MAX_SCHEMA_DEPTH
 from runtime.errors import InvalidRequestError
 
 WeightFormat = Literal["fp32", "int8", "int4", "gguf", "auto"]
@@ -71,7 +72,13 @@ class EngineConfig:
     grammar_timeout_s: float = 30.0  # bound on one grammar compilation (then ConstraintError)
     # Bound on a constraint's source (schema JSON, regex, Lark). Real schemas reach ~0.9 MB
     # (JSONSchemaBench's Kubernetes ones), so 2 MiB; the compile timeout bounds the rest.
-    grammar_max_bytes: int = 2 * 1024 * 1024
+    grammar_max_bytes: int = field(default=2 * 1024 * 1024, metadata={
+        "help": "bound on a constraint's source in bytes (schema JSON, regex, Lark); larger: 400"})
+    # Bound on a JSON schema's nesting, in levels of objects and arrays (a property is two:
+    # "properties" and its schema); a deeper schema is refused (400) before any compile
+    # work. At most grammars.MAX_SCHEMA_DEPTH (64), what the schema validator can check.
+    schema_max_depth: int = field(default=64, metadata={
+        "help": "bound on a JSON schema's nesting of objects and arrays (at most 64); deeper: 400"})
     seed: int = 0  # seed of the engine's generator for requests without their own seed
     # CPU fp32: reorder every linear weight once for oneDNN (2-3x faster decode matmuls;
     # False: plain F.linear, the baseline). Ignored on CUDA and without oneDNN.
@@ -125,6 +132,8 @@ class EngineConfig:
             raise InvalidRequestError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {self.weights!r}")
         if self.schedule_policy not in ("lpm", "fcfs"):
             raise InvalidRequestError(f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}")
+        if not 1 <= self.schema_max_depth <= MAX_SCHEMA_DEPTH:
+            raise InvalidRequestError(f"schema_max_depth must be in [1, {MAX_SCHEMA_DEPTH}], got {self.schema_max_depth!r}")
         if not self.grammar_timeout_s > 0:
             raise InvalidRequestError(f"grammar_timeout_s must be > 0, got {self.grammar_timeout_s!r}")
         if self.spec_fixed_cost_rows is not None and not self.spec_fixed_cost_rows > 0:

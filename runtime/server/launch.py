@@ -45,6 +45,8 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                        help="prompt + max_tokens per tenant per minute")
     group.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout_s,
                        help="on SIGTERM, seconds in-flight requests may take before they are aborted")
+    group.add_argument("--body-timeout", type=float, default=defaults.body_timeout_s,
+                       help="seconds a request body may take to arrive whole; later: 408 (default %(default)s)")
 
 
 def limits_from_args(args: argparse.Namespace) -> ServerLimits:
@@ -55,7 +57,7 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
                         max_prompt_tokens=args.max_prompt_tokens,
                         tenant_max_concurrent=args.tenant_max_concurrent,
                         tenant_tokens_per_minute=args.tenant_tokens_per_minute,
-                        shutdown_timeout_s=args.shutdown_timeout)
+                        shutdown_timeout_s=args.shutdown_timeout, body_timeout_s=args.body_timeout)
 
 
 def serve(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> int:

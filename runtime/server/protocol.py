@@ -15,9 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Strict(BaseModel):
-    """Unknown fields are an error (native API: typos must not pass silently)."""
+    """Unknown fields are an error (native API: typos must not pass silently). Types are
+    strict on both APIs: ``"5"`` is no integer and ``"true"`` no boolean (a 422)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class Lenient(BaseModel):
@@ -29,7 +30,7 @@ class Lenient(BaseModel):
     and are not supported are declared and refused with a 400 (``logit_bias``, ``echo``...).
     """
 
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, strict=True)
 
 
 # ---- native ------------------------------------------------------------------------------
@@ -309,6 +310,14 @@ class ChatMessageIn(Lenient):
     name: str | None = None
     tool_calls: list[ToolCallOut] | None = None
     tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _content_given(self) -> ChatMessageIn:
+        # NOTE: as in OpenAI's API, only an assistant turn that calls tools may go without text.
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content (null only for an assistant "
+                             "message with tool_calls)")
+        return self
 
 
 class ChatCompletionRequest(SamplingExtras):
