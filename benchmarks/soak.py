@@ -18,7 +18,11 @@ Every request ends in one class:
 Reported: requests sent / completed / failed_clear / client_gone / lost (must be 0), per
 kind; KV pages still used once the server is idle (must be 0); the server's RSS at the
 start (after a warm-up window) and at the end; p50/p99 latency of completed requests per
-window. Saves ``benchmarks/results/<name>.json``; exits 1 if anything was lost or leaked.
+window. The server's RSS is also sampled every ``--rss-every`` seconds from start-up to the end
+(warm-up included) into ``benchmarks/results/<name>_rss.csv`` and a plot ``<name>_rss.png``;
+the summary gives RSS at the start of the soak, at 10 and 30 minutes, and whether the last
+``--plateau-minutes`` stay within ±5% of their mean. Saves ``benchmarks/results/<name>.json``;
+exits 1 if anything was lost or leaked.
 
     .venv/bin/python benchmarks/soak.py --minutes 10 [--model default] [--concurrency 8]
 """
@@ -27,12 +31,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import csv
 import json
 import os
 import random
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable
@@ -44,7 +50,7 @@ import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import load_average, reproduce_line, save_result  # noqa: E402
+from common import RESULTS, load_average, reproduce_line, save_result  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 PROGRAMS = Path(__file__).resolve().parent / "soak_programs.py"
@@ -343,22 +349,125 @@ def print_table(s: dict[str, Any]) -> None:
           f"RSS {s['rss_start_mb']:.1f} -> {s['rss_end_mb']:.1f} MiB ({s['rss_growth'] * 100:+.1f}%)")
     for example in s["lost_examples"]:
         print("  lost:", example)
+    rss = s.get("rss") or {}
+    if rss:
+        print(f"RSS soak start {rss['rss_soak_start_mb']:.1f} MiB, 10 min {rss['rss_10min_mb']}, "
+              f"30 min {rss['rss_30min_mb']}; last {rss['plateau_minutes']:g} min within "
+              f"{rss['plateau_max_deviation'] * 100:.1f}% of {rss['plateau_mean_mb']:.1f} MiB "
+              f"({'plateau' if rss['plateau_ok'] else 'NOT flat'})")
+
+
+class RssSampler:
+    """Samples one process's RSS every ``every`` seconds on a thread: (seconds since start, MiB, phase)."""
+
+    def __init__(self, pid: int, every: float) -> None:
+        self.proc = psutil.Process(pid)
+        self.every = every
+        self.phase = "warm-up"
+        self.samples: list[tuple[float, float, str]] = []
+        self._stop = threading.Event()
+        self._start = time.monotonic()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            self.sample()
+            if self._stop.wait(self.every):
+                return
+
+    def sample(self) -> None:
+        try:
+            rss = self.proc.memory_info().rss / 2**20
+        except psutil.Error:
+            return
+        self.samples.append((time.monotonic() - self._start, rss, self.phase))
+
+
+def rss_figures(samples: list[tuple[float, float, str]], plateau_minutes: float) -> dict[str, Any]:
+    """RSS at the soak's start, 10 and 30 minutes in (the nearest sample), and the plateau check.
+
+    ``plateau_ok``: every sample of the last ``plateau_minutes`` is within ±5% of their mean.
+    """
+    soak = [(t, rss) for t, rss, phase in samples if phase == "soak"]
+    if not soak:
+        return {}
+    t0 = soak[0][0]
+
+    def at(minutes: float) -> float | None:
+        if soak[-1][0] - t0 < minutes * 60 - 15:
+            return None
+        return min(soak, key=lambda s: abs(s[0] - t0 - minutes * 60))[1]
+
+    tail = [rss for t, rss in soak if t >= soak[-1][0] - plateau_minutes * 60]
+    mean = sum(tail) / len(tail)
+    deviation = max(abs(r - mean) for r in tail) / mean
+    return {"rss_soak_start_mb": soak[0][1], "rss_10min_mb": at(10), "rss_30min_mb": at(30),
+            "rss_end_sample_mb": soak[-1][1], "plateau_minutes": plateau_minutes,
+            "plateau_mean_mb": mean, "plateau_max_deviation": deviation, "plateau_ok": deviation <= 0.05}
+
+
+def save_rss(name: str, samples: list[tuple[float, float, str]]) -> list[Path]:
+    """Write ``<name>_rss.csv`` and, where matplotlib is installed, ``<name>_rss.png``."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    csv_path = RESULTS / f"{name}_rss.csv"
+    with csv_path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["t_s", "rss_mib", "phase"])
+        writer.writerows((round(t, 1), round(rss, 1), phase) for t, rss, phase in samples)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return [csv_path]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for phase, colour in (("warm-up", "tab:gray"), ("soak", "tab:blue"), ("drain", "tab:green")):
+        points = [(t / 60, rss) for t, rss, p in samples if p == phase]
+        if points:
+            ax.plot(*zip(*points, strict=True), ".-", color=colour, label=phase, markersize=3)
+    ax.set_xlabel("minutes since the server answered /health")
+    ax.set_ylabel("server RSS (MiB)")
+    ax.set_title(f"{name}: arbor serve RSS under a mixed load")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    png_path = RESULTS / f"{name}_rss.png"
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
+    return [csv_path, png_path]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     proc, url = start_server(args.model, args.server_args)
     try:
-        warm = argparse.Namespace(**{**vars(args), "minutes": args.warmup / 60, "max_requests": 10**9})
-        print("warm-up:", flush=True)
-        asyncio.run(drive(url, warm, proc.pid))  # NOTE: the first window grows RSS (allocator, caches)
-        print("soak:", flush=True)
-        rss_start = psutil.Process(proc.pid).memory_info().rss
-        result = asyncio.run(drive(url, args, proc.pid))
+        with RssSampler(proc.pid, args.rss_every) as sampler:
+            warm = argparse.Namespace(**{**vars(args), "minutes": args.warmup / 60, "max_requests": 10**9})
+            print("warm-up:", flush=True)
+            warmed = asyncio.run(drive(url, warm, proc.pid))  # NOTE: the first window grows RSS (allocator, caches)
+            for example in warmed["tally"].lost_examples:
+                print("  lost in the warm-up:", example, flush=True)
+            print("soak:", flush=True)
+            sampler.phase = "soak"
+            sampler.sample()
+            rss_start = psutil.Process(proc.pid).memory_info().rss
+            result = asyncio.run(drive(url, args, proc.pid))
+            sampler.phase = "drain"
+            sampler.sample()
     finally:
         proc.terminate()
         code = proc.wait(60)
     summary = summarize(result, rss_start)
     summary["server_exit_status"] = code
+    summary["rss"] = rss_figures(sampler.samples, args.plateau_minutes)
+    summary["rss_files"] = [str(p) for p in save_rss(args.name, sampler.samples)]
     return summary
 
 
@@ -378,6 +487,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--window", type=float, default=30.0, help="seconds per row of the latency table")
     p.add_argument("--warmup", type=float, default=20.0, help="seconds of load before RSS is taken")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rss-every", type=float, default=10.0, help="seconds between RSS samples")
+    p.add_argument("--plateau-minutes", type=float, default=20.0,
+                   help="the closing span whose RSS must stay within ±5%% of its mean")
     p.add_argument("--name", default="soak")
     p.add_argument("--server-args", nargs=argparse.REMAINDER, default=[],
                    help="passed to arbor serve (engine settings), e.g. --num-threads 1")

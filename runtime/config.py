@@ -11,6 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
+from grammars.schema_check import MAX_SCHEMA_DEPTH
 from runtime.errors import InvalidRequestError
 
 WeightFormat = Literal["fp32", "int8", "int4", "gguf", "auto"]
@@ -93,6 +94,10 @@ class EngineConfig:
     # timeout bounds the rest.
     grammar_max_bytes: int = setting(2 * 1024 * 1024, "bound on a constraint's source (schema JSON, "
                                      "regex, Lark) in bytes")
+    # NOTE: a property counts two levels ("properties" and its schema); at most
+    # grammars.MAX_SCHEMA_DEPTH, what the schema validator can check without recursing out.
+    schema_max_depth: int = setting(64, f"bound on a JSON schema's nesting of objects and arrays (at "
+                                    f"most {MAX_SCHEMA_DEPTH}); a deeper schema is refused with a 400")
     seed: int = setting(0, "seed of the engine's generator for requests without their own seed")
     prepack_weights: bool = setting(True, "CPU fp32: reorder every linear weight once for oneDNN "
                                     "(no-: plain F.linear, the baseline); ignored on CUDA")
@@ -144,6 +149,8 @@ class EngineConfig:
             raise InvalidRequestError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {self.weights!r}")
         if self.schedule_policy not in ("lpm", "fcfs"):
             raise InvalidRequestError(f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}")
+        if not 1 <= self.schema_max_depth <= MAX_SCHEMA_DEPTH:
+            raise InvalidRequestError(f"schema_max_depth must be in [1, {MAX_SCHEMA_DEPTH}], got {self.schema_max_depth!r}")
         if not self.grammar_timeout_s > 0:
             raise InvalidRequestError(f"grammar_timeout_s must be > 0, got {self.grammar_timeout_s!r}")
         if self.spec_fixed_cost_rows is not None and not self.spec_fixed_cost_rows > 0:

@@ -30,7 +30,7 @@ from runtime.config import EngineConfig
 from runtime.constrained import CheckedGrammar, GrammarCompiler
 from runtime.engine_core import EngineCore, StepHook
 from runtime.engine_setup import freeze_gc, fused_decode, load_engine_model, on_own_thread
-from runtime.errors import InvalidRequestError, PromptTooLongError, check_unicode
+from runtime.errors import EngineFailedError, InvalidRequestError, PromptTooLongError, check_unicode
 from runtime.model.kv_cache import KVCache
 from runtime.model.loader import eos_token_ids
 from runtime.model.runner import ModelRunner
@@ -113,8 +113,14 @@ class Engine:
                 backend = None if self.config.grammar_backend == "auto" else self.config.grammar_backend
                 self._grammar = GrammarCompiler(self.tokenizer, self.vocab_size, backend=backend,
                                                 timeout_s=self.config.grammar_timeout_s,
-                                                max_source_bytes=self.config.grammar_max_bytes)
+                                                max_source_bytes=self.config.grammar_max_bytes,
+                                                max_schema_depth=self.config.schema_max_depth)
             return self._grammar
+
+    @property
+    def failure(self) -> str | None:
+        """Why this engine can no longer serve (a tensor-parallel rank died), or None."""
+        return self._tp.failed if self._tp is not None else None
 
     def compile_constraint(self, constraint: Any) -> CheckedGrammar:
         """Compile ``constraint`` now (cached). Raises ConstraintError if invalid or unsupported."""
@@ -145,8 +151,10 @@ class Engine:
 
         Raises:
             InvalidRequestError / PromptTooLongError: for input that can never be served.
-            EngineClosedError: after ``close()``.
+            EngineClosedError: after ``close()``; EngineFailedError once ``failure`` is set.
         """
+        if (failure := self.failure) is not None:
+            raise EngineFailedError(f"the engine cannot serve: {failure}")
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError(f"sampling params must be SamplingParams, got {type(params).__name__}")

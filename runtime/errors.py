@@ -23,6 +23,11 @@ class EngineClosedError(ArborError, RuntimeError):
     """The engine was shut down; no further requests are accepted."""
 
 
+class EngineFailedError(EngineClosedError):
+    """The engine can no longer step (a tensor-parallel rank died): requests in flight
+    failed with this reason and new ones are refused with it."""
+
+
 def check_unicode(text: str, what: str) -> None:
     """Raise ``InvalidRequestError`` unless ``text`` is valid Unicode: a lone UTF-16
     surrogate (``"\\udcff"``, which ``json.loads`` lets through) cannot be tokenized."""

@@ -26,6 +26,11 @@ class ConstraintCheck:
     error: str | None = None  # why not, when valid is False
 
 
+# RequestOutput.error's prefix when the constraint's grammar failed mid-generation (a
+# resource bound of the grammar engine, say): the client's constraint, not the engine.
+GRAMMAR_ERROR = "grammar error: "
+
+
 @dataclass
 class RequestOutput:
     """The state of one request as seen by its caller.
@@ -50,7 +55,9 @@ class RequestOutput:
     num_forced_tokens: int = 0  # draft tokens the grammar forced
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
-    error: str | None = None  # set when the request failed (e.g. grammar compile error)
+    # Set when the request failed (e.g. grammar compile error); it starts with
+    # GRAMMAR_ERROR when the request's grammar itself failed while generating.
+    error: str | None = None
     constraint_check: ConstraintCheck | None = None  # final outputs of constrained requests
 
     @property

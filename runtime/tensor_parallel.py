@@ -22,6 +22,9 @@ import dataclasses
 import logging
 import os
 import socket
+import threading
+import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -29,6 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from runtime.child_watch import exit_message, stderr_to_file, tail_of_file
 from runtime.config import EngineConfig
 from runtime.errors import ArborError
 from runtime.model.kv_cache import KVCache
@@ -37,6 +41,7 @@ from runtime.scheduler.batch import ForwardBatch
 
 log = logging.getLogger("arbor.tp")
 CONTROL_TIMEOUT = timedelta(days=365)  # the batch broadcast: an idle engine waits
+WATCH_INTERVAL_S = 0.2  # how often rank 0 looks at its followers' exit codes
 
 
 class TensorParallelError(ArborError, RuntimeError):
@@ -73,26 +78,90 @@ def init_group(cfg: EngineConfig, rank: int) -> dist.ProcessGroup:
 
 
 def spawn_ranks(cfg: EngineConfig, ranks: range) -> list[Any]:
-    """Start a follower process per rank of ``ranks`` (spawned: a fresh interpreter)."""
+    """Start a follower process per rank of ``ranks`` (spawned: a fresh interpreter). Each
+    writes its stderr to a file of its own (``proc.stderr_path``) from its first line on."""
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=follower_main, args=(cfg, r), name=f"arbor-tp-rank{r}", daemon=True) for r in ranks]
     for p in procs:
-        p.start()
+        with stderr_to_file(f"{p.name}-") as path:
+            p.start()
+        p.stderr_path = path  # type: ignore[attr-defined]
+        log.info("%s (pid %d) logs to %s", p.name, p.pid, path)
     return procs
 
 
+def rank_exit_message(proc: Any) -> str:
+    """How a follower ended, with its stderr's tail (and the `spawn` hint where it applies)."""
+    return exit_message(f"tensor-parallel {proc.name.removeprefix('arbor-tp-')} (pid {proc.pid})",
+                        proc.exitcode, tail_of_file(proc.stderr_path), spawned=True)
+
+
 class LeaderGroup:
-    """Rank 0's side: the follower processes it started and the control group."""
+    """Rank 0's side: the follower processes it started and the control group.
+
+    The followers are watched from the start: one that exits before the group forms
+    fails the start within ``WATCH_INTERVAL_S``, and one that exits later marks the group
+    ``failed`` and calls ``on_failure`` (the engine fails its requests and reports unhealthy).
+    """
 
     def __init__(self, cfg: EngineConfig) -> None:
+        self.failed: str | None = None
+        self.closed = False
+        self.on_failure: Callable[[str], None] | None = None  # set by the engine once it runs
         self.procs = spawn_ranks(cfg, range(1, len(local_ranks(cfg))))
         try:
-            self.control = init_group(cfg, 0)
+            self.control = self._join(cfg)
         except BaseException:
             self._stop_procs()
             raise
-        self.failed: str | None = None
-        self.closed = False
+        self._stopping = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="arbor-tp-watch", daemon=True)
+        self._watcher.start()
+
+    def _join(self, cfg: EngineConfig) -> dist.ProcessGroup:
+        """``init_group`` as rank 0, on a thread, while this one watches the followers.
+
+        NOTE: a rendezvous cannot be interrupted: after a follower died, the joining thread
+        keeps waiting (daemon) until ``dist_timeout_s``, but the caller is told at once.
+        """
+        joined: dict[str, Any] = {}
+
+        def join() -> None:
+            try:
+                joined["control"] = init_group(cfg, 0)
+            except BaseException as exc:  # handed to the waiting thread
+                joined["error"] = exc
+
+        thread = threading.Thread(target=join, name="arbor-tp-rendezvous", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(WATCH_INTERVAL_S)
+            dead = self.dead_ranks()
+            if dead and thread.is_alive():
+                raise TensorParallelError("a tensor-parallel rank died before joining: "
+                                          + "\n".join(rank_exit_message(p) for p in dead))
+        if "error" in joined:
+            raise joined["error"]
+        return joined["control"]
+
+    def dead_ranks(self) -> list[Any]:
+        return [p for p in self.procs if p.exitcode is not None]
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(WATCH_INTERVAL_S):
+            dead = self.dead_ranks()
+            if dead and not self.closed:
+                self.fail("; ".join(rank_exit_message(p) for p in dead))
+                return
+
+    def fail(self, reason: str) -> None:
+        """Mark the group failed (first reason wins) and tell the engine."""
+        if self.failed is not None:
+            return
+        self.failed = reason
+        log.error("tensor parallelism failed: %s", reason)
+        if self.on_failure is not None:
+            self.on_failure(reason)
 
     def send(self, message: object) -> None:
         dist.broadcast_object_list([message], src=0, group=self.control)
@@ -102,6 +171,7 @@ class LeaderGroup:
         if self.closed:
             return
         self.closed = True
+        self._stopping.set()
         if self.failed is None:
             try:
                 self.send(None)  # followers leave their loop
@@ -134,10 +204,13 @@ class BroadcastingRunner(ModelRunner):
             self.group.send(batch)
             return super().forward(batch)
         except RuntimeError as exc:  # gloo / NCCL: a peer closed its connection, or a timeout
-            self.group.failed = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            dead = [p.name for p in self.group.procs if not p.is_alive()]
-            raise TensorParallelError(f"a tensor-parallel rank failed ({', '.join(dead) or 'a remote rank'}"
-                                      f"): {self.group.failed}") from exc
+            # NOTE: the collective can fail before the dead rank's exit is visible here.
+            time.sleep(WATCH_INTERVAL_S)
+            dead = self.group.dead_ranks()
+            first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            reason = "; ".join(rank_exit_message(p) for p in dead) if dead else f"a remote rank: {first_line}"
+            self.group.fail(reason)
+            raise TensorParallelError(f"a tensor-parallel rank failed: {self.group.failed}") from exc
 
 
 def follower_main(cfg: EngineConfig, rank: int) -> None:
@@ -165,8 +238,9 @@ def run_node(cfg: EngineConfig) -> int:
     log.info("node %d: ranks %s joining %s", cfg.node_rank, list(local_ranks(cfg)), cfg.dist_init_addr)
     for p in procs:
         p.join()
-    codes = [p.exitcode for p in procs]
-    return 0 if all(c == 0 for c in codes) else 1
+        if p.exitcode != 0:
+            log.error("%s", rank_exit_message(p))
+    return 0 if all(p.exitcode == 0 for p in procs) else 1
 
 
 def _receive(control: dist.ProcessGroup) -> list[Any]:

@@ -25,6 +25,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from grammars import Constraint, ConstraintError, JsonBounds, JsonSchemaConstraint, to_constraint
+from grammars.schema_check import MAX_SCHEMA_DEPTH, json_depth
 from runtime.constrained.checked import CheckedGrammar
 from runtime.constrained.json_bounds import BoundsTable
 from runtime.constrained.matcher import CompiledGrammar, GrammarBackend
@@ -48,6 +49,7 @@ class GrammarCompiler:
         max_cached: int = 256,
         backends: dict[str, GrammarBackend] | None = None,
         max_source_bytes: int = DEFAULT_MAX_SOURCE_BYTES,
+        max_schema_depth: int = MAX_SCHEMA_DEPTH,
     ) -> None:
         """
         Args:
@@ -62,6 +64,8 @@ class GrammarCompiler:
                 (share one across compilers; inject a fake in tests).
             max_source_bytes: bound on a constraint's canonical source, in UTF-8 bytes;
                 a larger one is refused (ConstraintError) before any compile work.
+            max_schema_depth: bound on a JSON schema's nesting of objects and arrays
+                (at most ``grammars.MAX_SCHEMA_DEPTH``); a deeper one is refused likewise.
         """
         if backend is not None:
             backend_class(backend)  # fail fast on an unknown name
@@ -70,6 +74,7 @@ class GrammarCompiler:
         self.forced_backend = backend
         self.timeout_s = timeout_s
         self.max_source_bytes = max_source_bytes
+        self.max_schema_depth = max_schema_depth
         self.max_cached = max_cached
         self._backends: dict[str, GrammarBackend] = dict(backends or {})
         self._cache: OrderedDict[tuple[str, str], Future[CheckedGrammar]] = OrderedDict()
@@ -118,6 +123,11 @@ class GrammarCompiler:
         if size > self.max_source_bytes:
             raise ConstraintError(f"the {constraint.kind} constraint is {size} bytes; the limit is "
                                   f"{self.max_source_bytes} (grammar_max_bytes)")
+        if isinstance(constraint, JsonSchemaConstraint):
+            depth = json_depth(constraint.schema)
+            if depth > self.max_schema_depth:
+                raise ConstraintError(f"JSON schema too deep: it nests {depth} levels of objects and arrays; "
+                                      f"the limit is {self.max_schema_depth} (schema_max_depth)")
 
     def compile(self, constraint: Any, timeout_s: float | None = None) -> CheckedGrammar:
         """Compile and wait; raises ConstraintError (invalid, unsupported, timed out)."""

@@ -103,6 +103,11 @@ JSON_LAYOUT: JsonCompileOptions = {
     "item_separator": ", ",
     "key_separator": ": ",
 }
+# llguidance's per-row bound on Earley items (default 2,000) is reached by an object of
+# ~500 properties only once generation is inside it, after the grammar compiled: the
+# request then failed mid-way. Raised to the per-step bound (step_max_items, 50,000 by
+# default), which still caps a step's work; a schema too large for that fails to compile.
+PARSER_LIMITS = llguidance.LLParserLimits(max_items_in_row=50_000)
 # The relaxation for schemas with unimplemented features (see LLGuidanceBackend).
 RELAXED_JSON: JsonCompileOptions = {"lenient": True, "coerce_one_of": True}
 
@@ -145,16 +150,16 @@ class LLGuidanceBackend(GrammarBackend):
     def compile(self, constraint: Constraint) -> CompiledGrammar:
         template = self._matcher(_grammar_text(constraint))
         if not template.is_error():
-            return LLGuidanceGrammar(template, self.eos_token_id)
+            return _admits_something(LLGuidanceGrammar(template, self.eos_token_id), constraint)
         error = _short(template)
         if self.relax_unsupported_json and isinstance(constraint, JsonSchemaConstraint):
             relaxed = self._relaxed_json(constraint, error)
             if relaxed is not None:
-                return relaxed
+                return _admits_something(relaxed, constraint)
         raise ConstraintError(f"llguidance cannot compile {constraint.kind}: {error}")
 
     def _matcher(self, grammar: str) -> llguidance.LLMatcher:
-        return llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
+        return llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=PARSER_LIMITS)
 
     def _relaxed_json(self, constraint: JsonSchemaConstraint, error: str) -> CompiledGrammar | None:
         """The schema with unsupported keywords ignored and oneOf read as anyOf, or None.
@@ -178,6 +183,20 @@ class LLGuidanceBackend(GrammarBackend):
             super().fill_bitmasks(entries, bitmask)
             return
         llguidance.torch.fill_next_token_bitmask_par(self.executor, pairs, bitmask)
+
+
+def _admits_something(grammar: CompiledGrammar, constraint: Constraint) -> CompiledGrammar:
+    """``grammar``, unless it allows no first token and no empty output: such a constraint
+    (a schema whose references only lead back to themselves, ``{"enum": []}``...) has no
+    instance, and a request under it could only fail after admission."""
+    assert isinstance(grammar, LLGuidanceGrammar)
+    probe = grammar.template.deep_copy()
+    mask = probe.compute_bitmask()
+    if probe.is_error():
+        raise ConstraintError(f"llguidance cannot compile {constraint.kind}: {_short(probe)}")
+    if not probe.is_accepting() and not any(mask):
+        raise ConstraintError(f"the {constraint.kind} constraint admits no output at all")
+    return grammar
 
 
 def _grammar_text(constraint: Constraint) -> str:

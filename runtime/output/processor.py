@@ -40,7 +40,7 @@ from runtime.output.state import (
     TopLogprobs,
     TrackedRequest,
 )
-from runtime.outputs import ConstraintCheck, FinishReason, RequestOutput
+from runtime.outputs import GRAMMAR_ERROR, ConstraintCheck, FinishReason, RequestOutput
 from runtime.request import Request
 from runtime.sampling.penalties import TokenHistory, apply_penalties, suppress_stop_ids
 from runtime.sampling.sampler import sample
@@ -257,10 +257,13 @@ class OutputProcessor:
     ) -> None:
         params = req.params
         if t.matcher is not None and not matcher_advanced and not t.matcher.accept_token(token):
-            self.finish(req, "abort", error=f"token {token} rejected by the grammar")
+            # NOTE: a grammar that hit its own resource bound refuses the token too; its
+            # error says why (the client's constraint), where a bare refusal is ours.
+            problem = t.matcher.error()
+            self.finish(req, "abort", error=GRAMMAR_ERROR + problem if problem else f"token {token} rejected by the grammar")
             return
         if t.matcher is not None and (problem := t.matcher.error()):
-            self.finish(req, "abort", error=f"grammar error: {problem}")
+            self.finish(req, "abort", error=GRAMMAR_ERROR + problem)
             return
         if token in self._stop_ids(t):
             del t.logprobs[len(req.output_ids):], t.top_logprobs[len(req.output_ids):]

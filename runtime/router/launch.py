@@ -22,6 +22,7 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
+from runtime.child_watch import StderrTail, exit_message
 from runtime.errors import ArborError, InvalidRequestError
 from runtime.router.config import POLICY_NAMES, HealthConfig, PolicyConfig
 
@@ -156,15 +157,24 @@ class WorkerProcesses:
         self.argv = argv
         self.ports = [free_port() for _ in range(num_workers)]
         self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
+        self.tails: dict[int, StderrTail] = {}
         self.procs = [self._spawn(i) for i in range(num_workers)]
         self.stopping = threading.Event()
         self.watcher = threading.Thread(target=self._watch, name="arbor-dp-watch", daemon=True)
 
     def _spawn(self, i: int) -> subprocess.Popen[bytes]:
+        """Start worker ``i``; its stderr is copied to ours and its last lines kept."""
         cmd = [sys.executable, "-m", "runtime.cli", "serve", *self.argv,
                "--host", "127.0.0.1", "--port", str(self.ports[i])]
         log.info("starting worker %d: %s", i, " ".join(cmd[1:]))
-        return subprocess.Popen(cmd)
+        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)
+        assert proc.stderr is not None
+        self.tails[i] = StderrTail(proc.stderr, f"arbor-dp-worker{i}")
+        return proc
+
+    def exit_report(self, i: int) -> str:
+        """How worker ``i`` ended, with the last lines of its stderr."""
+        return exit_message(f"worker {i} ({self.urls[i]})", self.procs[i].returncode, self.tails[i].text())
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Block until every worker answers /health; raise if one exits first."""
@@ -174,9 +184,8 @@ class WorkerProcesses:
         pending = set(range(len(self.procs)))
         while pending:
             for i in sorted(pending):
-                code = self.procs[i].poll()
-                if code is not None:
-                    raise ArborError(f"worker {i} exited with code {code} while starting (its log is above)")
+                if self.procs[i].poll() is not None:
+                    raise ArborError(f"{self.exit_report(i)}\n(while starting: no worker is serving)")
                 try:
                     if httpx.get(f"{self.urls[i]}/health", timeout=2).status_code == 200:
                         pending.discard(i)
@@ -198,8 +207,7 @@ class WorkerProcesses:
                     continue
                 quick = time.monotonic() - started[i] < 60.0
                 delay[i] = min(60.0, delay[i] * 2) if quick else 1.0
-                log.error("worker %d (%s) exited with code %s; starting it again in %.0f s",
-                          i, self.urls[i], proc.returncode, delay[i])
+                log.error("%s\nstarting it again in %.0f s", self.exit_report(i), delay[i])
                 if self.stopping.wait(delay[i]):
                     return
                 self.procs[i] = self._spawn(i)

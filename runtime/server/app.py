@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import FastAPI
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from runtime.engine import Engine
 from runtime.server import native_api, openai_api, programs_api, ui
@@ -74,9 +73,13 @@ def create_app(
     app.include_router(ui.build_router(ctx, api_key, UI_COOKIE, ui_token(api_key) if api_key else None))
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "closing" if gate.closing else "ok", "model": ctx.model_name,
-                "config_version": versions.config_version, "requests_inflight": gate.num_inflight}
+    async def health() -> JSONResponse:
+        """200 while the engine serves; 503 ``unhealthy`` with the reason once it cannot."""
+        failure = getattr(ctx.engine, "failure", None)
+        status = "unhealthy" if failure is not None else "closing" if gate.closing else "ok"
+        body = {"status": status, "model": ctx.model_name, "config_version": versions.config_version,
+                "requests_inflight": gate.num_inflight, **({"reason": failure} if failure else {})}
+        return JSONResponse(body, status_code=503 if failure is not None else 200)
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -84,7 +87,8 @@ def create_app(
 
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key, login_page=ui.LOGIN_PAGE)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes,
+                       timeout_s=limits.body_timeout_s)
     app.add_middleware(VersionHeadersMiddleware, versions=versions)
     return app
 

@@ -25,8 +25,13 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
 from grammars import ConstraintError
-from runtime.errors import EngineClosedError, InvalidRequestError, PromptTooLongError
-from runtime.outputs import RequestOutput
+from runtime.errors import (
+    EngineClosedError,
+    EngineFailedError,
+    InvalidRequestError,
+    PromptTooLongError,
+)
+from runtime.outputs import GRAMMAR_ERROR, RequestOutput
 from runtime.server.api.fields import unknown_message
 from runtime.server.hosting import ProgramLimitExceededError, ProgramRunFailedError
 from runtime.server.limits import Overloaded, error_body
@@ -50,11 +55,17 @@ class GenerationFailedError(Exception):
 
 def raise_if_failed(ctx: ServerContext, out: RequestOutput) -> None:
     """An engine output that failed, as an exception: 503 when the server is shutting down
-    (the engine was closed under the request at the shutdown deadline), else 500."""
+    (the engine was closed under the request at the shutdown deadline) or the engine can
+    no longer serve (``Engine.failure``: a tensor-parallel rank died), 400 when the
+    request's own grammar failed while generating, else 500."""
     if out.error is None:
         return
     if ctx.gate.closing:
         raise EngineClosedError(f"the server is shutting down: {out.error}")
+    if getattr(ctx.engine, "failure", None) is not None:
+        raise EngineFailedError(out.error)
+    if out.error.startswith(GRAMMAR_ERROR):
+        raise ConstraintError(f"the constraint failed while generating: {out.error.removeprefix(GRAMMAR_ERROR)}")
     raise GenerationFailedError(f"generation failed: {out.error}")
 
 

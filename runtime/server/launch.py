@@ -61,6 +61,8 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                             "the default) or 'warn' (ignored, named in the X-Arbor-Ignored-Fields header)")
     group.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout_s,
                        help="on SIGTERM, seconds in-flight requests may take before they are aborted")
+    group.add_argument("--body-timeout", type=float, default=defaults.body_timeout_s,
+                       help="seconds a request body may take to arrive whole; later: 408 (default %(default)s)")
 
 
 def limits_from_args(args: argparse.Namespace) -> ServerLimits:
@@ -72,7 +74,7 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
                         tenant_max_concurrent=args.tenant_max_concurrent,
                         tenant_tokens_per_minute=args.tenant_tokens_per_minute,
                         shutdown_timeout_s=args.shutdown_timeout,
-                        unknown_fields=args.unknown_fields)
+                        unknown_fields=args.unknown_fields, body_timeout_s=args.body_timeout)
 
 
 def serve(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> int:

@@ -8,6 +8,7 @@ overloaded) or the engine is closing, the answer is 503. Nothing queues without 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from dataclasses import dataclass
@@ -42,6 +43,9 @@ class ServerLimits:
     # A request field the server does not understand: "error" (400 naming it) or "warn"
     # (ignored, named in the X-Arbor-Ignored-Fields answer header); see api/fields.py.
     unknown_fields: str = "error"
+    # A request body not received whole within this many seconds of its headers is
+    # answered 408 (a client that trickles or stalls its body holds no connection forever).
+    body_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         for name in ("max_inflight", "max_waiting", "max_body_bytes", "max_tokens",
@@ -56,6 +60,8 @@ class ServerLimits:
             raise InvalidRequestError(f"unknown_fields must be 'error' or 'warn', got {self.unknown_fields!r}")
         if not self.shutdown_timeout_s >= 0:
             raise InvalidRequestError(f"shutdown_timeout_s must be >= 0, got {self.shutdown_timeout_s!r}")
+        if not self.body_timeout_s > 0:
+            raise InvalidRequestError(f"body_timeout_s must be > 0, got {self.body_timeout_s!r}")
         for name in ("request_timeout_s", "program_timeout_s"):
             value = getattr(self, name)
             if value is not None and not value > 0:
@@ -120,15 +126,17 @@ class AdmissionGate:
 
 class BodyLimitMiddleware:
     """Answers 413 for a body over ``max_bytes``, declared (Content-Length) or streamed,
-    and 400 for a JSON body that holds a lone UTF-16 surrogate (``lone_surrogate``).
+    408 for a body not received whole within ``timeout_s``, and 400 for a JSON body that
+    holds a lone UTF-16 surrogate (``lone_surrogate``).
 
     The body is read here, up to the limit, before the app sees it, then replayed; later
     ``receive`` calls (disconnect detection) go straight through.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float = 30.0) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -139,16 +147,16 @@ class BodyLimitMiddleware:
             await send_error(send, 413, self._message(), "request_too_large")
             return
         buffered: list[Message] = []
-        received = 0
-        while not buffered or buffered[-1].get("more_body", False):
-            message = await receive()
-            buffered.append(message)
-            if message["type"] != "http.request":
-                break  # disconnected: let the app see it
-            received += len(message.get("body", b""))
-            if received > self.max_bytes:
-                await send_error(send, 413, self._message(), "request_too_large")
-                return
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                too_large = await self._read(receive, buffered)
+        except TimeoutError:
+            await send_error(send, 408, f"the request body did not arrive within {self.timeout_s:g} s",
+                             "request_timeout")
+            return
+        if too_large:
+            await send_error(send, 413, self._message(), "request_too_large")
+            return
 
         body = b"".join(m.get("body", b"") for m in buffered if m["type"] == "http.request")
         if (problem := lone_surrogate(body)) is not None:
@@ -159,6 +167,19 @@ class BodyLimitMiddleware:
             return buffered.pop(0) if buffered else await receive()
 
         await self.app(scope, replay, send)
+
+    async def _read(self, receive: Receive, buffered: list[Message]) -> bool:
+        """Receive the body into ``buffered``; True once it passes ``max_bytes``."""
+        received = 0
+        while not buffered or buffered[-1].get("more_body", False):
+            message = await receive()
+            buffered.append(message)
+            if message["type"] != "http.request":
+                return False  # disconnected: let the app see it
+            received += len(message.get("body", b""))
+            if received > self.max_bytes:
+                return True
+        return False
 
     def _message(self) -> str:
         return f"request body exceeds {self.max_bytes} bytes"

@@ -17,9 +17,10 @@ from runtime.server.api.fields import WireModel
 
 
 class Strict(BaseModel):
-    """Unknown fields are an error (native API: typos must not pass silently)."""
+    """Unknown fields are an error (native API: typos must not pass silently). Types are
+    strict on both APIs: ``"5"`` is no integer and ``"true"`` no boolean (a 422)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class Lenient(WireModel):
@@ -30,6 +31,9 @@ class Lenient(WireModel):
     (``logit_bias``, ``best_of``...); the OpenAI fields that cannot change the output are
     listed, with why, in ``api/openai_fields.py``.
     """
+
+    # NOTE: types are strict too ("5" is no integer); extra fields are kept for api/fields.py
+    model_config = ConfigDict(extra="allow", populate_by_name=True, strict=True)
 
 
 # ---- native ------------------------------------------------------------------------------
@@ -318,6 +322,14 @@ class ChatMessageIn(Lenient):
     name: str | None = None
     tool_calls: list[ToolCallOut] | None = None
     tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _content_given(self) -> ChatMessageIn:
+        # NOTE: as in OpenAI's API, only an assistant turn that calls tools may go without text.
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content (null only for an assistant "
+                             "message with tool_calls)")
+        return self
 
 
 class ChatCompletionRequest(SamplingExtras):

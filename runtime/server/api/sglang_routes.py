@@ -133,7 +133,7 @@ class GeneratePlan:
             top_logprobs=max(sp.top_logprobs, top if return_logprob else 0),
             prompt_logprobs=prompt_logprobs, logprob_start_len=lp_start,
             skip_special_tokens=sp.skip_special_tokens, speculation=sp.speculation,
-            constraint=_constraint(sp))
+            ttft_slo=sp.ttft_slo, itl_slo=sp.itl_slo, constraint=_constraint(sp))
         rid = _at(self.body.rid, i) if self.body.rid is not None else None
         return Job(ids, params, return_logprob, input_start, top if return_logprob else 0, rid)
 

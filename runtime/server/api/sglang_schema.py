@@ -50,6 +50,8 @@ class SglSamplingParams(WireModel):
     logprob_start_len: int = Field(default=0, ge=0)  # Arbor's (the top-level one is SGLang's)
     skip_special_tokens: bool = True
     speculation: bool = True
+    ttft_slo: float | None = Field(default=None, gt=0)  # Arbor's: seconds; None: the engine's target
+    itl_slo: float | None = Field(default=None, gt=0)  # Arbor's: seconds; None: the engine's target
     constraint: ConstraintSpec | None = None  # Arbor's constraint object
     regex: str | None = None  # SGLang's constraint fields (at most one constraint in all)
     json_schema: str | dict[str, Any] | None = None
