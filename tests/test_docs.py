@@ -28,7 +28,7 @@ GENERATED = {"cli.md", "benchmarks.md"}  # generated from code; their own tests 
 PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name not in GENERATED)]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 SKIP = re.compile(r"<!-- doc-test: skip \((.+?)\) -->\s*$")
-SERVED_AT = "localhost:30000"
+SERVED_AT = ("localhost:30000", "127.0.0.1:30000")
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,9 @@ def live_url() -> Iterator[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("page", PYTHON_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_python_blocks_run(page: Path, live_url: str, tmp_path: Path) -> None:
-    script = "\n\n".join(b.code for b in blocks(page) if b.lang == "python").replace(SERVED_AT, live_url)
+    script = "\n\n".join(b.code for b in blocks(page) if b.lang == "python")
+    for address in SERVED_AT:
+        script = script.replace(address, live_url)
     path = tmp_path / "page.py"
     path.write_text(script)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -152,7 +154,8 @@ def test_curl_commands_run(live_url: str) -> None:
     commands = [argv for b in SHELL for argv in shell_commands(b) if argv[0] == "curl"]
     assert commands
     for argv in commands:
-        argv = [a.replace(SERVED_AT, live_url) for a in argv]
+        for address in SERVED_AT:
+            argv = [a.replace(address, live_url) for a in argv]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, (argv, done.stderr)
         body = json.loads(done.stdout)

@@ -46,7 +46,10 @@ def workers() -> Iterator[dict[str, str]]:
             urls[name] = f"http://127.0.0.1:{port}"
             procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "runtime.cli", "serve", "--port", str(port), "--num-threads", "1",
-                 "--max-model-len", "1024", "--num-pages", "512", "--log-level", "warning", *flags],
+                 "--max-model-len", "1024", "--num-pages", "512", "--log-level", "warning",
+                 # NOTE: fp32, whose greedy tokens do not depend on the batch they ran in (the
+                 # GGUF kernels' multi-row steps can flip near-ties), as the offline eval's
+                 "--weights", "fp32", *flags],
                 cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
         deadline = time.monotonic() + 300
         pending = set(urls)
