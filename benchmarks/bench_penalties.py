@@ -14,9 +14,9 @@ import argparse
 import torch
 
 from benchmarks.common import load_average, reproduce_line, time_call
+from runtime.sampling.params import SamplingParams
 from runtime.sampling.penalties import TokenHistory, apply_penalties
 from runtime.sampling.sampler import sample
-from runtime.sampling_params import SamplingParams
 
 VOCAB = 49152
 

@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import reproduce_line, save_result  # noqa: E402
 
 from runtime import Engine  # noqa: E402
+from runtime.sampling.params import SamplingParams  # noqa: E402
 from runtime.sampling.sampler import sample  # noqa: E402
-from runtime.sampling_params import SamplingParams  # noqa: E402
 from runtime.scheduler.batch import ForwardBatch, ForwardSeq  # noqa: E402
 
 

@@ -33,7 +33,6 @@ from frontend_dsl.errors import (
     ProgramLimitError,
 )
 from frontend_dsl.graph import Graph, Node
-from frontend_dsl.limits import ProgramLimits
 from frontend_dsl.primitives import (
     assistant_begin,
     assistant_end,
@@ -47,6 +46,7 @@ from frontend_dsl.primitives import (
     user_end,
 )
 from frontend_dsl.program import Program, program
+from frontend_dsl.program_limits import ProgramLimits
 from frontend_dsl.ref import Ref
 from frontend_dsl.roles import assistant, system, user
 from frontend_dsl.run_trace import RunTrace

@@ -9,7 +9,7 @@ result. Sampling settings passed to ``run`` / ``run_batch`` are the run's defaul
 every ``gen`` that leaves them unset inherits (``primitives.with_defaults``).
 
 A ``Program`` is also what ``arbor serve --programs`` hosts: it satisfies the server's
-``runtime.server.hosting.HostedProgram`` through ``frontend_dsl.hosting.ProgramHost``.
+``runtime.server.hosting.HostedProgram`` through ``frontend_dsl.program_host.ProgramHost``.
 """
 
 from __future__ import annotations
@@ -31,14 +31,14 @@ from frontend_dsl.default_backend import resolve_backend
 from frontend_dsl.errors import ProgramDefinitionError, ProgramError, TraceStop
 from frontend_dsl.executor import Executor, TextListener
 from frontend_dsl.graph import Graph
-from frontend_dsl.limits import DEFAULT_LIMITS, ProgramLimits
 from frontend_dsl.primitives import SAMPLING_SETTINGS, check_params
+from frontend_dsl.program_limits import DEFAULT_LIMITS, ProgramLimits
 from frontend_dsl.state import ProgramState
 from frontend_dsl.text_stream import TextLog
 from frontend_dsl.tracer import Session
 
 if TYPE_CHECKING:
-    from frontend_dsl.hosting import ProgramHost
+    from frontend_dsl.program_host import ProgramHost
     from runtime.engine import Engine
     from runtime.server.hosting import RunEvent
 
@@ -253,9 +253,9 @@ class Program:
 
     @functools.cached_property
     def _host(self) -> ProgramHost:
-        # NOTE: deferred (like as_backend's): frontend_dsl.hosting loads the engine side
+        # NOTE: deferred (like as_backend's): frontend_dsl.program_host loads the engine side
         # (runtime, torch), which `import frontend_dsl` must not; a server has it loaded.
-        from frontend_dsl.hosting import ProgramHost
+        from frontend_dsl.program_host import ProgramHost
 
         return ProgramHost(self.name, self.fn, self.run)
 

@@ -7,10 +7,10 @@ with the request graph and exports it:
 
 - ``to_json()``: one JSON document (format ``arbor.run_trace/1``, below);
 - ``to_otel_spans()``: an OpenTelemetry-compatible span list (OTLP/JSON field names,
-  ``runtime.trace_otel``, which ``arbor trace`` uses too), and
+  ``runtime.trace.otel``, which ``arbor trace`` uses too), and
   ``emit_otel(tracer)`` sends the same spans through the ``opentelemetry`` SDK when a user
   has it installed (no collector needed: any span processor/exporter they configure);
-- ``to_svg()``: a timeline (``runtime.trace_timeline``): nodes as bars on a time axis,
+- ``to_svg()``: a timeline (``runtime.trace.timeline``): nodes as bars on a time axis,
   one lane per stream (fork branches as lanes), the cached share of each prompt shaded.
 
 Times are seconds from the run's start (``started_at`` is its wall-clock time). A
@@ -127,7 +127,7 @@ class RunTrace:
         return [s for s in self.data["streams"] if s["leaf"]]
 
     def to_svg(self) -> str:
-        from runtime.trace_timeline import render_timeline  # NOTE: lazy, as every runtime import of
+        from runtime.trace.timeline import render_timeline  # NOTE: lazy, as every runtime import of
         # the DSL: `import frontend_dsl` loads nothing of the engine side
 
         return render_timeline(self.data)
@@ -138,7 +138,7 @@ class RunTrace:
         Ids are derived from the run's start time and the program's name, so one trace's
         ids are stable across exports.
         """
-        from runtime.trace_otel import otel_spans
+        from runtime.trace.otel import otel_spans
 
         return otel_spans(self.data)
 
@@ -151,7 +151,7 @@ class RunTrace:
         """
         from opentelemetry import trace as otel_trace
 
-        from runtime.trace_otel import otel_value
+        from runtime.trace.otel import otel_value
 
         tracer = tracer or otel_trace.get_tracer("arbor")
         spans = self.to_otel_spans()

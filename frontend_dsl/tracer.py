@@ -36,10 +36,10 @@ from frontend_dsl.executor import (
     TextPayload,
 )
 from frontend_dsl.graph import Graph, GraphStop, Node, NodeKind
-from frontend_dsl.limits import DEFAULT_LIMITS, ProgramLimits
 from frontend_dsl.loop import get_loop
 from frontend_dsl.output_constraint import OutputConstraint
 from frontend_dsl.primitives import Expr, Gen, RoleBegin, RoleEnd, Select, Seq, with_defaults
+from frontend_dsl.program_limits import DEFAULT_LIMITS, ProgramLimits
 from frontend_dsl.ref import Ref
 from frontend_dsl.roles import ROLES, Role, role_affixes
 from frontend_dsl.stream_data import StreamData

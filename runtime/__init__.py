@@ -15,8 +15,8 @@ from runtime.errors import (
     ModelLoadError,
     PromptTooLongError,
 )
-from runtime.outputs import ConstraintCheck, RequestOutput
-from runtime.sampling_params import SamplingParams
+from runtime.output.request_output import ConstraintCheck, RequestOutput
+from runtime.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
     from runtime.engine import Engine

@@ -78,7 +78,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     if args.node_rank > 0:  # a node that only runs tensor-parallel ranks
-        from runtime.tensor_parallel import run_node
+        from runtime.distributed.tensor_parallel import run_node
 
         return run_node(EngineConfig.from_kwargs(**engine_kwargs(args)))
     if args.dp != 1:
@@ -94,7 +94,7 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from runtime import Engine
-    from runtime.trace_command import parse_arguments, pick_program, trace_program
+    from runtime.trace.command import parse_arguments, pick_program, trace_program
 
     program = pick_program(args.file, args.program)
     arguments = parse_arguments(program, args.args)

@@ -28,6 +28,7 @@ from runtime.cache.prefix_cache import PrefixCache
 from runtime.cache.radix_tree import RadixTree
 from runtime.config import EngineConfig
 from runtime.constrained import CheckedGrammar, GrammarCompiler
+from runtime.distributed.tensor_parallel import BroadcastingRunner, LeaderGroup, with_rendezvous
 from runtime.engine_core import EngineCore, StepHook
 from runtime.engine_setup import freeze_gc, fused_decode, load_engine_model, on_own_thread
 from runtime.errors import EngineFailedError, InvalidRequestError, PromptTooLongError, check_unicode
@@ -36,15 +37,14 @@ from runtime.model.loader import eos_token_ids
 from runtime.model.runner import ModelRunner
 from runtime.model.scorer import Scorer
 from runtime.output.processor import OutputProcessor
+from runtime.output.request_output import RequestOutput, final_output
 from runtime.output.state import OutputCallback
-from runtime.outputs import RequestOutput, final_output
 from runtime.request import PRIORITIES, Priority, Request
-from runtime.sampling_params import SamplingParams
+from runtime.sampling.params import SamplingParams
 from runtime.scheduler.budget import prefill_budget
 from runtime.scheduler.cost_model import StepCostModel
 from runtime.scheduler.policy import make_policy
 from runtime.scheduler.scheduler import Scheduler
-from runtime.tensor_parallel import BroadcastingRunner, LeaderGroup, with_rendezvous
 
 
 class Engine:

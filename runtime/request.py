@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from runtime.cache.prefix_cache import EMPTY_MATCH, PrefixMatch
-from runtime.outputs import FinishReason
-from runtime.sampling_params import SamplingParams
+from runtime.output.request_output import FinishReason
+from runtime.sampling.params import SamplingParams
 
 # Priority classes, best first: under fair scheduling an interactive request is admitted
 # (and prefilled) before any batch request, and may take a batch request's running slot.

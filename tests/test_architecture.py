@@ -368,3 +368,37 @@ def test_the_real_graph_is_read() -> None:
     assert {"runtime.engine", "frontend_dsl.program", "kernels.dispatch", "grammars.constraints"} <= set(graph)
     assert "runtime.cache.page_pool" in {i.target for i in graph["runtime.scheduler.scheduler"]}
     assert any(i.function for i in project_imports() if i.importer.startswith("runtime."))
+
+
+# ---- names and rooms --------------------------------------------------------------------
+# The engine's own entry points; every other runtime module lives in the subpackage of its
+# concept (trace/, distributed/, output/, sampling/, ...).
+RUNTIME_ROOT_MODULES = {"__init__", "engine", "engine_core", "engine_setup", "config", "request", "errors",
+                        "env", "cli"}
+
+
+def test_runtime_has_no_loose_modules() -> None:
+    loose = {p.stem for p in (ROOT / "runtime").glob("*.py")} - RUNTIME_ROOT_MODULES
+    assert loose == set(), f"move into the subpackage of their concept: {sorted(loose)}"
+
+
+def _entries(folder: Path) -> list[str]:
+    return [p.stem for p in folder.iterdir()
+            if (p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists())) and p.stem != "__init__"]
+
+
+def test_no_two_names_in_a_package_differ_by_a_plural() -> None:
+    """``outputs.py`` beside ``output/``, ``tenant.py`` beside ``tenants.py``: one concept, one name."""
+    clashes = []
+    for package in ("runtime", "frontend_dsl", "kernels", "grammars"):
+        for folder in [ROOT / package, *(p for p in (ROOT / package).rglob("*") if (p / "__init__.py").exists())]:
+            names = _entries(folder)
+            clashes += [f"{folder.relative_to(ROOT)}: {a} / {a}s" for a in names if f"{a}s" in names]
+    assert clashes == []
+
+
+def test_the_dsl_names_no_module_after_one_of_the_server() -> None:
+    """The DSL implements the server's hosting protocol; a module name on both sides of
+    that line (``hosting.py``, ``limits.py``) makes a reader open the wrong one."""
+    server = set(_entries(ROOT / "runtime" / "server")) - {"errors"}
+    assert server & set(_entries(ROOT / "frontend_dsl")) == set()

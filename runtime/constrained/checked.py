@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from grammars import Constraint, OutputMismatchError, parse_output
 from runtime.constrained.json_bounds import BoundedMatcher, BoundsTable
 from runtime.constrained.matcher import CompiledGrammar, GrammarMatcher
-from runtime.outputs import ConstraintCheck, FinishReason
+from runtime.output.request_output import ConstraintCheck, FinishReason
 
 
 class CheckedGrammar(CompiledGrammar):

@@ -122,7 +122,7 @@ class EngineTarget:
         return logp.gather(1, torch.tensor(ids[1:])[:, None]).flatten().tolist()
 
     def generate(self, prompts: list[list[int]], params: GenParams) -> list[Generation]:
-        from runtime.sampling_params import SamplingParams
+        from runtime.sampling.params import SamplingParams
 
         sp = SamplingParams(max_new_tokens=params.max_new_tokens, temperature=0.0, stop=params.stop,
                             ignore_eos=params.ignore_eos, constraint=params.json_schema)

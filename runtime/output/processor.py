@@ -32,6 +32,12 @@ from runtime.constrained.checked import CheckStats
 from runtime.constrained.masking import mask_logits
 from runtime.model.runner import ForwardOutput
 from runtime.output.detokenizer import IncrementalDetokenizer
+from runtime.output.request_output import (
+    GRAMMAR_ERROR,
+    ConstraintCheck,
+    FinishReason,
+    RequestOutput,
+)
 from runtime.output.state import (
     Final,
     NewTokens,
@@ -40,11 +46,10 @@ from runtime.output.state import (
     TopLogprobs,
     TrackedRequest,
 )
-from runtime.outputs import GRAMMAR_ERROR, ConstraintCheck, FinishReason, RequestOutput
 from runtime.request import Request
+from runtime.sampling.params import SamplingParams
 from runtime.sampling.penalties import TokenHistory, apply_penalties, suppress_stop_ids
 from runtime.sampling.sampler import sample
-from runtime.sampling_params import SamplingParams
 from runtime.scheduler.batch import ScheduledBatch
 from runtime.scheduler.cost_model import StepCostModel
 from runtime.speculative import (

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from runtime.constrained import CheckedGrammar, GrammarMatcher
 from runtime.output.detokenizer import IncrementalDetokenizer
-from runtime.outputs import ConstraintCheck, RequestOutput
+from runtime.output.request_output import ConstraintCheck, RequestOutput
 from runtime.request import Request
 from runtime.sampling.penalties import TokenHistory
 from runtime.speculative import RequestSpeculation, SpecStats

@@ -46,7 +46,7 @@ from runtime.router.shadow import PairComparison, SendFn, ShadowRunner
 from runtime.router.shadow_answers import shadowable
 from runtime.router.split_metrics import Outcome, SplitMetrics
 from runtime.router.workers import WorkerPool
-from runtime.server.tenant import TenantLabels
+from runtime.server.tenant_labels import TenantLabels
 
 log = logging.getLogger("arbor.router.rollout")
 STATES = ("progressing", "paused", "rolled_back", "completed")

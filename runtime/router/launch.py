@@ -22,7 +22,7 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from runtime.child_watch import StderrTail, exit_message
+from runtime.distributed.child_watch import StderrTail, exit_message
 from runtime.errors import ArborError, InvalidRequestError
 from runtime.router.config import POLICY_NAMES, HealthConfig, PolicyConfig
 

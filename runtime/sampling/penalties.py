@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from runtime.sampling_params import SamplingParams
+from runtime.sampling.params import SamplingParams
 
 
 class _Growing:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.sampling_params import SamplingParams
+from runtime.sampling.params import SamplingParams
 
 _MASK64 = (1 << 64) - 1
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import grammars
-from runtime.outputs import ConstraintCheck
+from runtime.output.request_output import ConstraintCheck
 from runtime.server.protocol import ConstraintCheckInfo, ConstraintSpec
 
 

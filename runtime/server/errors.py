@@ -31,7 +31,7 @@ from runtime.errors import (
     InvalidRequestError,
     PromptTooLongError,
 )
-from runtime.outputs import GRAMMAR_ERROR, RequestOutput
+from runtime.output.request_output import GRAMMAR_ERROR, RequestOutput
 from runtime.server.api.fields import unknown_message
 from runtime.server.hosting import ProgramLimitExceededError, ProgramRunFailedError
 from runtime.server.limits import Overloaded, error_body

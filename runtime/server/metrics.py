@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from runtime.server.run_log import RunLog
-from runtime.server.tenant import TenantLabels
+from runtime.server.tenant_labels import TenantLabels
 from runtime.server.versions import LabelledView
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,

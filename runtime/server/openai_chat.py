@@ -24,7 +24,7 @@ from typing import Any
 from fastapi import Request
 
 from runtime.errors import InvalidRequestError
-from runtime.outputs import RequestOutput
+from runtime.output.request_output import RequestOutput
 from runtime.server import engine_constraints
 from runtime.server.openai_common import Endpoint, Job, output_constraint, token_text, usage
 from runtime.server.protocol import (

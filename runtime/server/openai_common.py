@@ -10,8 +10,8 @@ from typing import Any
 from fastapi import Request
 
 from runtime.errors import InvalidRequestError
-from runtime.outputs import RequestOutput
-from runtime.sampling_params import SamplingParams
+from runtime.output.request_output import RequestOutput
+from runtime.sampling.params import SamplingParams
 from runtime.server import engine_constraints
 from runtime.server.api import openai_fields
 from runtime.server.api.constraint_fields import CONSTRAINT_FIELDS, constraint_from_fields

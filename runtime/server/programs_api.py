@@ -26,8 +26,8 @@ from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 
 from runtime.engine import Engine
-from runtime.outputs import RequestOutput
-from runtime.sampling_params import SamplingParams
+from runtime.output.request_output import RequestOutput
+from runtime.sampling.params import SamplingParams
 from runtime.server.errors import ProgramNotFoundError, stream_error_event
 from runtime.server.hosting import (
     GenerationDone,

@@ -22,8 +22,8 @@ from starlette.requests import Request as HttpRequest
 
 from runtime.engine import Engine
 from runtime.errors import InvalidRequestError, PromptTooLongError, check_unicode
-from runtime.outputs import RequestOutput
-from runtime.sampling_params import SamplingParams
+from runtime.output.request_output import RequestOutput
+from runtime.sampling.params import SamplingParams
 from runtime.server.hosting import HostedProgram
 from runtime.server.limits import AdmissionGate, ServerLimits
 from runtime.server.metrics import ServerMetrics, TokenTimer

@@ -25,9 +25,9 @@ import torch
 
 from runtime.constrained.masking import mask_logits
 from runtime.constrained.matcher import GrammarMatcher
+from runtime.sampling.params import SamplingParams
 from runtime.sampling.penalties import TokenHistory, apply_penalties, suppress_stop_ids
 from runtime.sampling.sampler import sample
-from runtime.sampling_params import SamplingParams
 
 
 def verify_drafts(

@@ -15,7 +15,7 @@ import pytest
 
 from runtime import Engine, InvalidRequestError, ModelLoadError, PromptTooLongError, SamplingParams
 from runtime.errors import EngineClosedError
-from runtime.outputs import RequestOutput
+from runtime.output.request_output import RequestOutput
 from runtime.scheduler.batch import ScheduledBatch
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from runtime import Engine, SamplingParams
-from runtime.outputs import RequestOutput
+from runtime.output.request_output import RequestOutput
 
 NUM_REQUESTS = 64
 _alone: list[list[list[int]]] = []  # outputs of each request run alone (computed once)

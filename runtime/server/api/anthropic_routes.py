@@ -22,8 +22,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from runtime.errors import InvalidRequestError
-from runtime.outputs import RequestOutput
-from runtime.sampling_params import SamplingParams
+from runtime.output.request_output import RequestOutput
+from runtime.sampling.params import SamplingParams
 from runtime.server import engine_constraints
 from runtime.server.api import anthropic_schema as schema
 from runtime.server.api.fields import check_fields

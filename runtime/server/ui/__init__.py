@@ -4,7 +4,7 @@ One static page (``static/``: HTML, CSS and hand-written JS; no build step, no C
 works offline) polls ``/ui/api/live`` every second and draws the engine's gauges (running
 and waiting requests, KV pages used/evictable/free, prefix-cache hit rate, speculative
 acceptance), TTFT/ITL percentiles over the last minutes, and the recent program runs with
-their trace timelines (SVG drawn by ``runtime.trace_timeline``). Its form runs a
+their trace timelines (SVG drawn by ``runtime.trace.timeline``). Its form runs a
 registered program with arguments built from the program's JSON schema and shows the run's
 events as they stream in (the programs API, also mounted under ``/ui/api``).
 
@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException
 from runtime.server.auth import UI_STATIC, login_response
 from runtime.server.run_log import RunRecord
 from runtime.server.serving import ServerContext
-from runtime.trace_timeline import render_timeline
+from runtime.trace.timeline import render_timeline
 
 STATIC = UI_STATIC
 STATIC_FILES = {"ui.js": "text/javascript", "ui.css": "text/css"}

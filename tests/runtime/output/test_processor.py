@@ -12,10 +12,10 @@ import torch
 from runtime.constrained import GrammarMatcher
 from runtime.model.runner import ForwardOutput
 from runtime.output.processor import OutputProcessor
+from runtime.output.request_output import FinishReason, RequestOutput
 from runtime.output.state import StepTokens
-from runtime.outputs import FinishReason, RequestOutput
 from runtime.request import Request
-from runtime.sampling_params import SamplingParams
+from runtime.sampling.params import SamplingParams
 from runtime.scheduler.batch import PrefillItem, ScheduledBatch, VerifyItem
 
 VOCAB = 64

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from runtime.sampling.params import SamplingParams
 from runtime.sampling.penalties import TokenHistory, apply_penalties, suppress_stop_ids
-from runtime.sampling_params import SamplingParams
 
 VOCAB = 40
 

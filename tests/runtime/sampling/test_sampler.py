@@ -7,8 +7,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from runtime.sampling.params import SamplingParams
 from runtime.sampling.sampler import gumbel_noise, noise_key, sample
-from runtime.sampling_params import SamplingParams
 
 
 def draw(logits: torch.Tensor, params: SamplingParams, n: int, seed: int = 0) -> list[int]:

@@ -19,9 +19,9 @@ from runtime.cache.no_prefix_cache import NoPrefixCache
 from runtime.cache.page_pool import PagePool
 from runtime.cache.prefix_cache import PrefixCache
 from runtime.cache.radix_tree import RadixTree
-from runtime.outputs import FinishReason
+from runtime.output.request_output import FinishReason
 from runtime.request import Priority, Request
-from runtime.sampling_params import SamplingParams
+from runtime.sampling.params import SamplingParams
 from runtime.scheduler.batch import ScheduledBatch
 from runtime.scheduler.budget import PrefillBudget
 from runtime.scheduler.policy import DEFAULT_MAX_OVERTAKES, make_policy

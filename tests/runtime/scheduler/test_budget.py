@@ -12,7 +12,7 @@ from runtime.cli import build_parser
 from runtime.config import EngineConfig
 from runtime.errors import InvalidRequestError
 from runtime.request import Request
-from runtime.sampling_params import SamplingParams
+from runtime.sampling.params import SamplingParams
 from runtime.scheduler.budget import FixedBudget, LatencyTargetBudget
 from runtime.scheduler.cost_model import StepCostModel, StepShape
 from tests.runtime.scheduler.sim import Sim

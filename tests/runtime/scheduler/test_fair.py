@@ -8,7 +8,7 @@ from sim import Sim
 from runtime.cache.page_pool import PagePool
 from runtime.cache.radix_tree import RadixTree
 from runtime.request import Request, RequestStatus
-from runtime.sampling_params import SamplingParams
+from runtime.sampling.params import SamplingParams
 from runtime.scheduler.policy import FairPolicy, FCFSPolicy, make_policy
 
 

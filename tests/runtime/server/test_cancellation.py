@@ -16,8 +16,8 @@ import httpx
 import pytest
 from server_helpers import auth, engine_metric
 
-from runtime.outputs import RequestOutput
-from runtime.sampling_params import SamplingParams
+from runtime.output.request_output import RequestOutput
+from runtime.sampling.params import SamplingParams
 from runtime.scheduler.batch import ScheduledBatch
 from runtime.server.serving import StreamGroup, collect, encode_prompt
 from runtime.server.tenants import Caller

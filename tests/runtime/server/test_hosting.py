@@ -261,7 +261,7 @@ def test_closing_a_programs_stream_aborts_its_requests(
 
 
 def test_the_client_side_imports_without_the_app() -> None:
-    code = ("import sys, frontend_dsl.runtime_endpoint, frontend_dsl.hosting, runtime.server.hosting; "
+    code = ("import sys, frontend_dsl.runtime_endpoint, frontend_dsl.program_host, runtime.server.hosting; "
             "print(sorted(m for m in ('fastapi', 'starlette', 'uvicorn') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -14,7 +14,7 @@ from server_helpers import API_KEY, LiveServer, samples
 from frontend_dsl import gen, program
 from runtime.server import create_app
 from runtime.server.metrics import LatencyWindow, prompt_bucket
-from runtime.server.tenant import TenantLabels
+from runtime.server.tenant_labels import TenantLabels
 from runtime.server.tenants import tenant_of
 
 

@@ -9,7 +9,7 @@ import torch
 from runtime.model.runner import ForwardOutput
 from runtime.output.processor import OutputProcessor, tracked
 from runtime.request import Request
-from runtime.sampling_params import SamplingParams
+from runtime.sampling.params import SamplingParams
 from runtime.scheduler.batch import PrefillItem, ScheduledBatch, VerifyItem
 from runtime.scheduler.cost_model import StepCostModel, StepShape
 from runtime.speculative.gate import (

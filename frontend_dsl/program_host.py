@@ -30,7 +30,7 @@ import pydantic_core
 from frontend_dsl.engine_backend import EngineBackend
 from frontend_dsl.errors import ProgramError, ProgramLimitError
 from frontend_dsl.state import ProgramState
-from runtime.outputs import RequestOutput, final_output
+from runtime.output.request_output import RequestOutput, final_output
 from runtime.server.hosting import (
     ArgumentProblem,
     GenerationDone,

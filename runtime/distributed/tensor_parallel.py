@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from runtime.child_watch import exit_message, stderr_to_file, tail_of_file
 from runtime.config import EngineConfig
+from runtime.distributed.child_watch import exit_message, stderr_to_file, tail_of_file
 from runtime.errors import ArborError
 from runtime.model.kv_cache import KVCache
 from runtime.model.runner import ForwardOutput, ModelRunner

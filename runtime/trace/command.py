@@ -26,8 +26,8 @@ from runtime.server.hosting import (
     ProgramRunFailedError,
     load_programs,
 )
-from runtime.trace_otel import otel_spans, otlp_document
-from runtime.trace_timeline import render_timeline
+from runtime.trace.otel import otel_spans, otlp_document
+from runtime.trace.timeline import render_timeline
 
 
 def pick_program(path: str | Path, name: str | None) -> HostedProgram:
