@@ -112,11 +112,15 @@ def test_the_tree_example_traces_whole(fake: FakeBackend) -> None:
 def tree(s: Any, width: int = 3) -> None:
     s += user("Name a colour.")
     ideas = s.fork(width)
+    # NOTE: no speculation: whether a branch's drafts pay depends on measured step costs, and
+    # a branch that accepts drafts finishes its idea steps early (same tokens, other steps)
     for i, idea in enumerate(ideas):
-        idea += assistant(f"Idea {i}:" + gen("idea", max_tokens=8, ignore_eos=True, temperature=0))
+        idea += assistant(f"Idea {i}:" + gen("idea", max_tokens=8, ignore_eos=True, temperature=0,
+                                             speculation=False))
         drafts = idea.fork(width)
         for j, draft in enumerate(drafts):
-            draft += user(f"Draft {j}:") + assistant(gen("draft", max_tokens=16, ignore_eos=True, temperature=0))
+            draft += user(f"Draft {j}:") + assistant(gen("draft", max_tokens=16, ignore_eos=True, temperature=0,
+                                                          speculation=False))
             draft += user("Good?") + assistant(select("ok", ["yes", "no"]))
         drafts.join()
     ideas.join()
