@@ -70,7 +70,7 @@ class Router:
 
 @dataclass
 class _Watch:
-    """What one request comes to, measured as it is relayed (one per request)."""
+    """What one relayed request came to: its pool, status and timings (one per request)."""
 
     assignment: Assignment
     body: Any  # the parsed request (None: not JSON)
