@@ -155,3 +155,43 @@ def test_sharing_across_tenants_is_a_server_setting(sharing_server: str) -> None
         assert cached(generate(http, text)) == prompt - 1
         assert cached(generate(http, text, tenant="b", salt="s")) == 0  # a salt still separates
         assert cached(generate(http, text, tenant="a", salt="s")) == prompt - 1  # across tenants
+
+
+def e2e(http: httpx.Client, text: str, tenant: str) -> float:
+    """Server-side seconds of a one-token answer: its prompt's prefill, cached or not."""
+    return float(generate(http, text, tenant=tenant)["meta"]["e2e_latency"])
+
+
+def timings(url: str, rounds: int = 3) -> tuple[float, float, float]:
+    """Median seconds of (tenant a's first request, tenant b's same prompt next, a's repeat)."""
+    cold, other, hit = [], [], []
+    with httpx.Client(base_url=url, timeout=60) as http:
+        for _ in range(rounds):
+            text, (a, b) = story() * 3, tenants("a", "b")
+            cold.append(e2e(http, text, a))
+            other.append(e2e(http, text, b))
+            hit.append(e2e(http, text, a))
+    return sorted(cold)[rounds // 2], sorted(other)[rounds // 2], sorted(hit)[rounds // 2]
+
+
+@pytest.mark.slow  # two default-model engines and cold prefills: about a minute on a busy machine
+def test_no_hit_shaped_latency_across_tenants_unless_shared() -> None:
+    """The side channel itself: on the default model, a ~450-token prompt's prefill is many
+    times a cache hit's, so a hit would show in tenant b's latency. Isolated, b's first
+    request costs a cold prefill; sharing (a second engine with the setting) shows the hit.
+    Medians of 3 rounds and wide margins: the machine is shared (one thread per engine, as
+    two OpenMP threads stall each other on busy cores)."""
+    measured: dict[bool, tuple[float, float, float]] = {}
+    for share in (False, True):
+        engine = Engine(model="default", weights="fp32", page_size=16, num_pages=512, num_threads=1,
+                        share_prefix_cache_across_tenants=share)
+        try:
+            with LiveServer(create_app(engine, model_name="m")) as live:
+                measured[share] = timings(live.url)
+        finally:
+            engine.close()
+    cold, other, hit = measured[False]
+    assert hit < 0.4 * cold  # the cache hit is visible at all
+    assert other > 0.6 * cold, measured  # ... and tenant b's request does not look like one
+    cold, other, hit = measured[True]
+    assert other < 0.4 * cold and hit < 0.4 * cold, measured  # shared: b's request is a hit too
