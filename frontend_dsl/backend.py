@@ -109,6 +109,9 @@ class GenChunk:
     num_forced_tokens: int = 0  # draft tokens the grammar forced
     top_logprobs: list[dict[int, float]] | None = None  # per generated token: id -> logprob
     prompt_logprobs: list[float | None] | None = None  # per prompt token (None before start)
+    # Of num_cached_tokens, those reloaded from the backend's host tier rather than found in
+    # its KV pool (0 from backends without a tier, or that do not say).
+    num_tier_cached_tokens: int = 0
 
 
 class Backend(ABC):

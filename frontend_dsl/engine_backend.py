@@ -74,7 +74,8 @@ class EngineBackend(Backend):
                            num_draft_tokens=out.num_draft_tokens,
                            num_accepted_tokens=out.num_accepted_tokens,
                            num_forced_tokens=out.num_forced_tokens,
-                           top_logprobs=out.top_logprobs, prompt_logprobs=out.prompt_logprobs)
+                           top_logprobs=out.top_logprobs, prompt_logprobs=out.prompt_logprobs,
+                           num_tier_cached_tokens=out.num_tier_cached_tokens)
 
     async def score(self, input_ids: list[int], start: int) -> list[float]:
         out = await self.engine.agenerate(input_ids=input_ids, sampling_params=scoring_params(start))

@@ -260,6 +260,7 @@ def _gen_meta(final: GenChunk, prompt_len: int) -> dict[str, Any]:
     meta: dict[str, Any] = {"finish_reason": final.finish_reason, "num_output_tokens": len(final.token_ids),
             "output_ids": list(final.token_ids),
             "num_cached_tokens": final.num_cached_tokens, "logprobs": final.logprobs,
+            "num_tier_cached_tokens": final.num_tier_cached_tokens,
             "prompt_len": prompt_len, "constraint_check": final.constraint_check,
             "num_draft_tokens": final.num_draft_tokens, "num_accepted_tokens": final.num_accepted_tokens,
             "num_forced_tokens": final.num_forced_tokens}

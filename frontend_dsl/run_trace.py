@@ -25,6 +25,7 @@ Format ``arbor.run_trace/1``::
      "nodes": [{"id", "kind", "stream", "deps", "label", "start_s", "end_s", "error",
                 # gen / tool_call:
                 "name", "prompt_tokens", "cached_tokens", "computed_tokens",
+                "pool_cached_tokens", "tier_cached_tokens",  # cached = pool + tier
                 "output_tokens", "draft_tokens", "accepted_tokens", "forced_tokens",
                 "finish_reason", "constraint", "valid", "validation_error",
                 # tool_call: "tool": {"name", "start_s", "end_s", "ok", "error"}
@@ -42,7 +43,8 @@ from typing import Any
 from frontend_dsl.graph import Graph, Node, node_label
 
 TRACE_FORMAT = "arbor.run_trace/1"
-_GEN_COUNTS = ("prompt_tokens", "cached_tokens", "computed_tokens", "output_tokens",
+_GEN_COUNTS = ("prompt_tokens", "cached_tokens", "pool_cached_tokens", "tier_cached_tokens",
+               "computed_tokens", "output_tokens",
                "draft_tokens", "accepted_tokens", "forced_tokens")
 
 
@@ -80,9 +82,12 @@ class RunRecorder:
     def generated(self, node: Node, meta: dict[str, Any]) -> None:
         """A generation finished; ``meta`` is the executor's ``_gen_meta``."""
         prompt, cached = meta["prompt_len"], meta["num_cached_tokens"]
+        # NOTE: of the cached tokens, those the backend reloaded from a host tier (0 without one)
+        tier = meta.get("num_tier_cached_tokens", 0)
         check = meta.get("constraint_check") or {}
         self.records.setdefault(node.id, NodeRecord()).details.update({
             "prompt_tokens": prompt, "cached_tokens": cached, "computed_tokens": prompt - cached,
+            "pool_cached_tokens": cached - tier, "tier_cached_tokens": tier,
             "output_tokens": meta["num_output_tokens"],
             "draft_tokens": meta.get("num_draft_tokens", 0),
             "accepted_tokens": meta.get("num_accepted_tokens", 0),

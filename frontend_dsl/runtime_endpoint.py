@@ -70,7 +70,9 @@ class RuntimeEndpoint(Backend):
             yield GenChunk(c.delta_text, c.delta_token_ids, c.text or "", c.output_ids or [],
                            c.finish_reason, meta.logprobs if meta else None,
                            meta.cached_tokens if meta else 0, check, top_logprobs=top,
-                           prompt_logprobs=meta.prompt_logprobs if meta else None)
+                           prompt_logprobs=meta.prompt_logprobs if meta else None,
+                           num_tier_cached_tokens=meta.cached_tokens_details.tier
+                           if meta and meta.cached_tokens_details else 0)
 
     async def score(self, input_ids: list[int], start: int) -> list[float]:
         return await self.client.score(input_ids, start)

@@ -67,6 +67,10 @@ class EngineConfig:
         "predicted step time keeps running streams within it (down to --chunked-prefill-size)")
     disable_prefix_cache: bool = setting(False, "use the do-nothing cache instead of the radix tree "
                                          "(the baseline for prefix-reuse measurements)")
+    share_prefix_cache_across_tenants: bool = setting(
+        False, "let one tenant's requests reuse prefixes another tenant's put in the cache (by default "
+        "each tenant, and each cache_salt, has a namespace of its own: another tenant can never "
+        "time whether a prompt is cached); cache_salt still separates requests")
     schedule_policy: SchedulePolicy = setting("lpm", "order of the waiting queue: 'lpm' (longest "
                                               "cached prefix first) or 'fcfs'")
     lpm_max_overtakes: int | None = setting(

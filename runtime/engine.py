@@ -22,6 +22,7 @@ import jinja2
 import torch
 
 from runtime import env
+from runtime.cache.namespace import cache_namespace, check_cache_salt
 from runtime.cache.no_prefix_cache import NoPrefixCache
 from runtime.cache.page_pool import PagePool
 from runtime.cache.prefix_cache import PrefixCache
@@ -143,11 +144,15 @@ class Engine:
         callback: OutputCallback | None = None,
         tenant: str | None = None,
         priority: Priority = "interactive",
+        cache_salt: str | None = None,
     ) -> str:
         """Validate and queue one request; returns its id. Thread-safe.
 
         ``tenant`` (who asks) and ``priority`` ("interactive" | "batch") steer the fair
         scheduler (``EngineConfig.fair_scheduling``); they never change the output.
+        ``tenant`` and ``cache_salt`` also pick the request's cache namespace
+        (``runtime.cache.namespace``): it reuses only prefixes cached by requests of the
+        same tenant (unless ``share_prefix_cache_across_tenants``) and the same salt.
 
         Raises:
             InvalidRequestError / PromptTooLongError: for input that can never be served.
@@ -168,8 +173,13 @@ class Engine:
             raise InvalidRequestError(f"priority must be one of {', '.join(PRIORITIES)}, got {priority!r}")
         if tenant is not None and not isinstance(tenant, str):
             raise InvalidRequestError(f"tenant must be a string, got {type(tenant).__name__}")
+        try:
+            salt = check_cache_salt(cache_salt)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        namespace = cache_namespace(tenant, salt, self.config.share_prefix_cache_across_tenants)
         rid = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
-        request = Request(rid, ids, params, tenant=tenant, priority=priority)
+        request = Request(rid, ids, params, tenant=tenant, priority=priority, cache_namespace=namespace)
         self._core.submit(request, callback, self._start_grammar(params))
         return rid
 
@@ -269,6 +279,7 @@ class Engine:
         request_id: str | None = None,
         tenant: str | None = None,
         priority: Priority = "interactive",
+        cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield a ``RequestOutput`` per step (deltas since the last); the last is final.
 
@@ -284,7 +295,7 @@ class Engine:
                 loop.call_soon_threadsafe(queue.put_nowait, out)
 
         rid = self.add_request(prompt, sampling_params, input_ids=input_ids, request_id=request_id,
-                               callback=deliver, tenant=tenant, priority=priority)
+                               callback=deliver, tenant=tenant, priority=priority, cache_salt=cache_salt)
         finished = False
         try:
             while not finished:
@@ -304,11 +315,12 @@ class Engine:
         request_id: str | None = None,
         tenant: str | None = None,
         priority: Priority = "interactive",
+        cache_salt: str | None = None,
     ) -> RequestOutput:
         """The final output of one request, awaited."""
         return await final_output(self.generate_stream(prompt, sampling_params, input_ids=input_ids,
                                                        request_id=request_id, tenant=tenant,
-                                                       priority=priority))
+                                                       priority=priority, cache_salt=cache_salt))
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         """Render ``messages`` with the model's chat template.

@@ -28,12 +28,13 @@ class Request:
 
     Every field has one writer:
 
-    - the engine sets ``request_id``, ``prompt_ids``, ``params``, ``tenant`` and
-      ``priority`` at submission; they never change;
+    - the engine sets ``request_id``, ``prompt_ids``, ``params``, ``tenant``,
+      ``priority`` and ``cache_namespace`` at submission; they never change;
     - the output processor appends to ``output_ids``, sets ``finish_reason`` (once) and
       keeps its per-request state in ``output_state``;
     - the scheduler owns admission and KV: ``arrival``, ``status``, ``prefix``, ``pages``,
-      ``num_computed``, ``num_cached_tokens``, ``num_retractions``, ``admitted_once``,
+      ``num_computed``, ``num_cached_tokens``, ``num_tier_cached_tokens``,
+      ``num_retractions``, ``admitted_once``,
       ``num_overtaken``, ``arrival_s``.
 
     Everyone else only reads. Token bookkeeping (``all_ids = prompt_ids + output_ids``)::
@@ -50,6 +51,8 @@ class Request:
     params: SamplingParams
     tenant: str | None = None  # who asked (fair share between tenants); None: anonymous
     priority: Priority = "interactive"
+    # whose cached prefixes it may reuse, and under which its own are cached (cache/namespace.py)
+    cache_namespace: str | None = None
     # ---- the output processor's ----
     output_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
@@ -64,6 +67,9 @@ class Request:
     pages: list[int] = field(default_factory=list)  # page table: prefix pages + own pages
     num_computed: int = 0  # tokens whose KV is in the pool
     num_cached_tokens: int = 0  # prompt tokens served by the cache at first admission
+    # NOTE: of num_cached_tokens, those reloaded from a host tier rather than found in the
+    # pool; no tier exists yet, so 0 (the pool served them all)
+    num_tier_cached_tokens: int = 0
     num_retractions: int = 0
     admitted_once: bool = False
     num_overtaken: int = 0  # later arrivals admitted while this one waited (aging: policy.py)

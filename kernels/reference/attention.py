@@ -98,6 +98,28 @@ def _attend(
     return out.reshape(batch, q_len, num_q_heads, head_dim), lse.reshape(batch, q_len, num_q_heads)
 
 
+def flash_query_rows(num_rows: int) -> int:
+    """Query rows to hand torch's fused CPU attention kernel for ``num_rows`` real ones.
+
+    NOTE: the kernel splits the query rows into blocks (32 rows; 64 from 192 rows on, 256
+    from 768) and multiplies each block by the keys; a block of 1 to 3 rows takes another
+    matrix-product path whose sums round differently. A row's bits would then depend on how
+    many rows came with it (the batch, the prefill chunk, a cached prefix's length: the
+    invariance contract, docs/invariance.md). Padding such a tail to 4 rows keeps every
+    row on the one path; the padding rows are computed and dropped.
+    """
+    split = 256 if num_rows >= 768 else 64 if num_rows >= 192 else 32
+    tail = num_rows % split
+    return num_rows + 4 - tail if 0 < tail < 4 else num_rows
+
+
+def _pad_rows(x: torch.Tensor, num_rows: int) -> torch.Tensor:  # [B, H, L, ...] -> [B, H, num_rows, ...]
+    """``x`` with zero rows appended along dim 2 up to ``num_rows``."""
+    if x.shape[2] == num_rows:
+        return x
+    return torch.cat([x, x.new_zeros(*x.shape[:2], num_rows - x.shape[2], *x.shape[3:])], dim=2)
+
+
 def _causal_kernel(device: torch.device) -> bool:
     """Whether ``_attend_causal`` can run on ``device`` (torch's fused CPU kernel)."""
     return device.type == "cpu" and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
@@ -112,11 +134,14 @@ def _attend_causal(
     """Query i over keys 0..i. The fused CPU kernel skips key blocks past the diagonal
     (about half the work of the masked call) and takes the KV heads of a GQA model as
     they are, so the query heads stay rows of their own."""
+    num_rows = q.shape[1]
+    # NOTE: padding rows go last; the kernel's causal window is aligned top-left, so row i
+    # still sees keys 0..i (a padding row sees them all)
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q.transpose(1, 2), k.transpose(1, 2).to(q.dtype), v.transpose(1, 2).to(q.dtype), 0.0, True,
-        scale=scale,
+        _pad_rows(q.transpose(1, 2), flash_query_rows(num_rows)), k.transpose(1, 2).to(q.dtype),
+        v.transpose(1, 2).to(q.dtype), 0.0, True, scale=scale,
     )
-    return out.transpose(1, 2), lse.transpose(1, 2)
+    return out[:, :, :num_rows].transpose(1, 2), lse[:, :, :num_rows].transpose(1, 2)
 
 
 def _sdpa_with_lse(
@@ -129,10 +154,13 @@ def _sdpa_with_lse(
     """SDPA that also returns each row's log-sum-exp (natural log) of the scaled scores."""
     if q.device.type == "cpu" and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
         # The kernel behind F.scaled_dot_product_attention on the CPU.
+        num_rows = q.shape[2]
+        padded = flash_query_rows(num_rows)
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, False, attn_mask=mask, scale=scale
+            _pad_rows(q, padded), k, v, 0.0, False, scale=scale,
+            attn_mask=None if mask is None else _pad_rows(mask, padded),
         )
-        return out, lse
+        return out[:, :, :num_rows], lse[:, :, :num_rows]
     scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
     if mask is not None:
         scores = scores + mask

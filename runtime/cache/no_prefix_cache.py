@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from runtime.cache.namespace import Namespace
 from runtime.cache.page_pool import PagePool
 from runtime.cache.prefix_cache import EMPTY_MATCH, PrefixCache, PrefixMatch
 
@@ -10,7 +11,7 @@ class NoPrefixCache(PrefixCache):
     def __init__(self, pool: PagePool) -> None:
         self.pool = pool
 
-    def match_prefix(self, token_ids: list[int]) -> PrefixMatch:
+    def match_prefix(self, token_ids: list[int], namespace: Namespace = None) -> PrefixMatch:
         return EMPTY_MATCH
 
     def lock(self, match: PrefixMatch) -> None:
@@ -22,11 +23,12 @@ class NoPrefixCache(PrefixCache):
     def num_unlocked_pages(self, match: PrefixMatch) -> int:
         return 0
 
-    def cache_finished(self, token_ids: list[int], pages: list[int], match: PrefixMatch) -> None:
+    def cache_finished(self, token_ids: list[int], pages: list[int], match: PrefixMatch,
+                       namespace: Namespace = None) -> None:
         self.pool.free(pages)
 
     def cache_unfinished(
-        self, token_ids: list[int], pages: list[int], match: PrefixMatch
+        self, token_ids: list[int], pages: list[int], match: PrefixMatch, namespace: Namespace = None
     ) -> tuple[PrefixMatch, list[int]]:
         return match, pages
 

@@ -9,6 +9,10 @@ Ownership rules (what ``check_integrity`` verifies):
 - ``cache_finished`` takes ownership of a request's own pages: they are inserted (full
   pages only) or freed; afterwards the request holds nothing.
 
+Namespaces (``namespace.py``): a prefix inserted under one namespace is only ever matched
+under the same one; every method that looks up or inserts takes it (None: the shared
+default).
+
 Locking: ``lock(node)`` increments a reference count on the node and every ancestor;
 only nodes with count 0 can be evicted, leaves first, least recently used first.
 """
@@ -18,6 +22,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
+
+from runtime.cache.namespace import Namespace
 
 
 @dataclass(frozen=True)
@@ -34,8 +40,8 @@ EMPTY_MATCH = PrefixMatch(0, [], None)
 
 class PrefixCache(ABC):
     @abstractmethod
-    def match_prefix(self, token_ids: list[int]) -> PrefixMatch:
-        """Longest cached, page-aligned prefix of ``token_ids`` (not locked)."""
+    def match_prefix(self, token_ids: list[int], namespace: Namespace = None) -> PrefixMatch:
+        """Longest cached, page-aligned prefix of ``token_ids`` in ``namespace`` (not locked)."""
 
     @abstractmethod
     def lock(self, match: PrefixMatch) -> None:
@@ -50,8 +56,10 @@ class PrefixCache(ABC):
         """Pages of ``match`` that no request has locked (locking makes them unevictable)."""
 
     @abstractmethod
-    def cache_finished(self, token_ids: list[int], pages: list[int], match: PrefixMatch) -> None:
-        """A request is done with ``pages`` (holding ``token_ids``' KV; ``match`` locked).
+    def cache_finished(self, token_ids: list[int], pages: list[int], match: PrefixMatch,
+                       namespace: Namespace = None) -> None:
+        """A request is done with ``pages`` (holding ``token_ids``' KV; ``match`` locked,
+        found in ``namespace``, where the pages are inserted).
 
         Inserts the full pages, frees duplicates and the partial last page, unlocks
         ``match``. The caller owns nothing afterwards.
@@ -59,9 +67,9 @@ class PrefixCache(ABC):
 
     @abstractmethod
     def cache_unfinished(
-        self, token_ids: list[int], pages: list[int], match: PrefixMatch
+        self, token_ids: list[int], pages: list[int], match: PrefixMatch, namespace: Namespace = None
     ) -> tuple[PrefixMatch, list[int]]:
-        """Insert a running request's computed tokens so others can share them.
+        """Insert a running request's computed tokens so others in ``namespace`` can share them.
 
         Returns the new locked match (``match`` is unlocked) and the request's new page
         table (cache pages for the inserted prefix, then its own remaining pages).

@@ -10,6 +10,11 @@ tokens of their first page, so a lookup costs one dict probe per edge::
 A partial match splits an edge at a page boundary. Reference counts (``lock_ref``) run
 along the root path: a node is evictable only when its count is 0 and it is a leaf.
 
+Each cache namespace (``namespace.py``: a tenant, a ``cache_salt``) has a root of its own,
+made on its first insert and dropped when its last leaf is evicted; ``root`` is the shared
+default's (namespace None). A lookup starts at its namespace's root, so it never reaches
+another namespace's pages. Eviction is one LRU over all of them.
+
 Eviction never walks the tree: the evictable leaves are kept in a set as locks, inserts
 and evictions change them, and a heap orders them by last access. A touch (a match or an
 insert passing through) pushes a fresh heap entry instead of updating the old one; entries
@@ -25,6 +30,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
+from runtime.cache.namespace import Namespace
 from runtime.cache.page_pool import PagePool
 from runtime.cache.prefix_cache import EMPTY_MATCH, PrefixCache, PrefixMatch
 
@@ -60,6 +66,9 @@ class RadixTree(PrefixCache):
         self.page_size = pool.page_size
         self.root = _Node((), [], None)
         self.root.lock_ref = 1  # the root is never evicted
+        # NOTE: every root has parent None and lock_ref 1; the default one is never dropped
+        self._roots: dict[Namespace, _Node] = {None: self.root}
+        self._namespace_of: dict[_Node, Namespace] = {self.root: None}
         self._clock = itertools.count(1)
         self._evictable = 0
         self._locked = 0
@@ -68,10 +77,13 @@ class RadixTree(PrefixCache):
         self._pushes = itertools.count()
 
     # ---- lookup -------------------------------------------------------------------------
-    def match_prefix(self, token_ids: list[int]) -> PrefixMatch:
+    def match_prefix(self, token_ids: list[int], namespace: Namespace = None) -> PrefixMatch:
         ps = self.page_size
         tokens = tuple(token_ids[: len(token_ids) // ps * ps])
-        node, pages, i = self.root, [], 0
+        root = self._roots.get(namespace)
+        if root is None:
+            return EMPTY_MATCH
+        node, pages, i = root, [], 0
         now = next(self._clock)
         while i < len(tokens):
             child = node.children.get(tokens[i : i + ps])
@@ -84,7 +96,7 @@ class RadixTree(PrefixCache):
             i += n
             node = child
             self._touch(node, now)
-        if node is self.root:
+        if node is root:
             return EMPTY_MATCH
         return PrefixMatch(i, pages, node)
 
@@ -111,7 +123,7 @@ class RadixTree(PrefixCache):
     @_whole_move
     def lock(self, match: PrefixMatch) -> None:
         node = match.node
-        while node is not None and node is not self.root:
+        while node is not None and node.parent is not None:
             if node.lock_ref == 0:
                 self._evictable -= len(node.pages)
                 self._locked += len(node.pages)
@@ -122,7 +134,7 @@ class RadixTree(PrefixCache):
     @_whole_move
     def unlock(self, match: PrefixMatch) -> None:
         node = match.node
-        while node is not None and node is not self.root:
+        while node is not None and node.parent is not None:
             assert node.lock_ref > 0, "unlock without lock"
             node.lock_ref -= 1
             if node.lock_ref == 0:
@@ -133,15 +145,25 @@ class RadixTree(PrefixCache):
 
     def num_unlocked_pages(self, match: PrefixMatch) -> int:
         node, count = match.node, 0
-        while node is not None and node is not self.root:
+        while node is not None and node.parent is not None:
             count += len(node.pages) if node.lock_ref == 0 else 0
             node = node.parent
         return count
 
     # ---- insertion ----------------------------------------------------------------------
-    def _insert(self, tokens: tuple[int, ...], pages: list[int]) -> int:
+    def _root_for(self, namespace: Namespace) -> _Node:
+        root = self._roots.get(namespace)
+        if root is None:
+            root = self._roots[namespace] = _Node((), [], None)
+            root.lock_ref = 1
+            self._namespace_of[root] = namespace
+        return root
+
+    def _insert(self, tokens: tuple[int, ...], pages: list[int], namespace: Namespace) -> int:
         """Insert page-aligned ``tokens`` → ``pages``; return how many were already cached."""
-        ps, node, i = self.page_size, self.root, 0
+        if not tokens:
+            return 0  # NOTE: before _root_for, so no namespace root is left without children
+        ps, node, i = self.page_size, self._root_for(namespace), 0
         now = next(self._clock)
         while i < len(tokens):
             child = node.children.get(tokens[i : i + ps])
@@ -161,10 +183,11 @@ class RadixTree(PrefixCache):
         return i
 
     @_whole_move
-    def cache_finished(self, token_ids: list[int], pages: list[int], match: PrefixMatch) -> None:
+    def cache_finished(self, token_ids: list[int], pages: list[int], match: PrefixMatch,
+                       namespace: Namespace = None) -> None:
         ps = self.page_size
         aligned = min(len(token_ids), len(pages) * ps) // ps * ps
-        present = self._insert(tuple(token_ids[:aligned]), pages[: aligned // ps])
+        present = self._insert(tuple(token_ids[:aligned]), pages[: aligned // ps], namespace)
         # Pages between our locked prefix and what was already cached are duplicates of
         # pages someone else inserted meanwhile; the partial last page is never cached.
         self.pool.free(pages[match.num_tokens // ps : present // ps] + pages[aligned // ps :])
@@ -172,13 +195,13 @@ class RadixTree(PrefixCache):
 
     @_whole_move
     def cache_unfinished(
-        self, token_ids: list[int], pages: list[int], match: PrefixMatch
+        self, token_ids: list[int], pages: list[int], match: PrefixMatch, namespace: Namespace = None
     ) -> tuple[PrefixMatch, list[int]]:
         ps = self.page_size
         aligned = len(token_ids) // ps * ps
-        present = self._insert(tuple(token_ids[:aligned]), pages[: aligned // ps])
+        present = self._insert(tuple(token_ids[:aligned]), pages[: aligned // ps], namespace)
         self.pool.free(pages[match.num_tokens // ps : present // ps])
-        new_match = self.match_prefix(token_ids[:aligned])
+        new_match = self.match_prefix(token_ids[:aligned], namespace)
         assert new_match.num_tokens == aligned
         self.lock(new_match)
         self.unlock(match)
@@ -200,11 +223,13 @@ class RadixTree(PrefixCache):
             self._leaves.remove(leaf)
             del parent.children[leaf.key[: self.page_size]]
             self._refresh(parent)
+            if parent.parent is None and not parent.children and parent is not self.root:
+                del self._roots[self._namespace_of.pop(parent)]  # a namespace's last leaf
         return freed
 
     def _refresh(self, node: _Node) -> None:
         """Put ``node`` in or out of the evictable leaves after its lock or children changed."""
-        if node is not self.root and node.lock_ref == 0 and not node.children:
+        if node.parent is not None and node.lock_ref == 0 and not node.children:
             if node not in self._leaves:
                 self._leaves.add(node)
                 self._push(node)
@@ -223,7 +248,7 @@ class RadixTree(PrefixCache):
         heapq.heappush(self._heap, (node.last_access, next(self._pushes), node))
 
     def _nodes(self) -> list[_Node]:
-        out, stack = [], [self.root]
+        out, stack = [], list(self._roots.values())
         while stack:
             node = stack.pop()
             out.append(node)
@@ -245,7 +270,8 @@ class RadixTree(PrefixCache):
     def check_integrity(self) -> None:
         ps, evictable, locked = self.page_size, 0, 0
         for node in self._nodes():
-            if node is self.root:
+            if node.parent is None:
+                assert node.lock_ref == 1 and (node.children or node is self.root), "a stale namespace root"
                 continue
             assert node.parent is not None and node.parent.children.get(node.key[:ps]) is node
             assert len(node.key) == len(node.pages) * ps and node.pages, "edge/page mismatch"
@@ -254,12 +280,13 @@ class RadixTree(PrefixCache):
                 evictable += len(node.pages)
             else:
                 locked += len(node.pages)
-        leaves = {n for n in self._nodes() if n is not self.root and n.lock_ref == 0 and not n.children}
+        leaves = {n for n in self._nodes() if n.parent is not None and n.lock_ref == 0 and not n.children}
         assert leaves == self._leaves, "the evictable-leaf set drifted from the tree"
         live = {n for access, _, n in self._heap if n in leaves and n.last_access == access}
         assert live == leaves, "an evictable leaf has no current heap entry"
         assert (evictable, locked) == (self._evictable, self._locked), (
             f"page counters drifted: walked {(evictable, locked)}, kept {(self._evictable, self._locked)}"
         )
+        assert {self._roots[ns]: ns for ns in self._roots} == self._namespace_of, "namespace roots drifted"
         pages = self.cached_pages()
         assert len(pages) == len(set(pages)), "a page is cached twice"

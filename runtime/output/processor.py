@@ -333,6 +333,7 @@ class OutputProcessor:
             top_logprobs=list(t.top_logprobs) if req.params.top_logprobs else None,
             prompt_logprobs=(t.prompt_logprobs or [None] * len(req.prompt_ids)) if req.params.prompt_logprobs else None,
             num_cached_tokens=req.num_cached_tokens,
+            num_tier_cached_tokens=req.num_tier_cached_tokens,
             num_draft_tokens=t.spec.draft_tokens,
             num_accepted_tokens=t.spec.accepted_tokens,
             num_forced_tokens=t.spec.forced_tokens,

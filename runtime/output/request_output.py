@@ -49,6 +49,9 @@ class RequestOutput:
     top_logprobs: list[dict[int, float]] | None = None  # per generated token, when requested
     prompt_logprobs: list[float | None] | None = None  # per prompt token; first is None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # NOTE: of num_cached_tokens, those reloaded from a host tier (the rest were in the KV
+    # pool); 0 while no tier exists
+    num_tier_cached_tokens: int = 0
     # Speculation so far (counts of this request; see runtime.speculative.SpecStats):
     num_draft_tokens: int = 0  # draft tokens sent for verification (grammar-forced included)
     num_accepted_tokens: int = 0  # of those, accepted

@@ -98,7 +98,7 @@ def create_router_app(
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=256,
                               keepalive_expiry=KEEPALIVE_S)
         async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-            router = holder["router"] = Router(pool, routing, stats, client, canary)
+            router = holder["router"] = Router(pool, routing, stats, client, canary, policy.share_across_tenants)
             await pool.probe_all(client)
             pool.start(client)
             canary.start_shadow(lambda job: send_shadow(router, job), lambda: sum(pool.loads))

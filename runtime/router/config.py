@@ -24,6 +24,9 @@ class PolicyConfig:
     balance_rel_threshold: float = 1.5  # ... and this many times its load: overloaded
     index_capacity: int = 1 << 18  # key symbols remembered per worker (~9 MB each; ~65k tokens of text)
     hash_prefix_len: int = 256  # consistent_hash: key symbols hashed
+    # the workers' share_prefix_cache_across_tenants: one key namespace for all tenants
+    # (else a tenant's prefixes count only for that tenant, as on the workers)
+    share_across_tenants: bool = False
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_NAMES:

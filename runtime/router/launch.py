@@ -31,7 +31,7 @@ START_TIMEOUT_S = 900.0  # a worker's model load (the default model's first conv
 # Flags of `arbor serve` that belong to the router, never passed to a --dp worker.
 ROUTER_DESTS = frozenset({"dp", "host", "port", "command", "func", "serve_parser"}
                          | {"router_policy", "health_interval", "health_timeout", "health_failures",
-                            "router_index_capacity"}
+                            "router_index_capacity", "router_share_across_tenants"}
                          | {f.name for f in fields(PolicyConfig)})
 
 
@@ -51,6 +51,11 @@ def add_router_flags(parser: argparse.ArgumentParser) -> None:
                        help="characters (or token ids) of prefixes remembered per worker")
     group.add_argument("--hash-prefix-len", type=int, default=p.hash_prefix_len,
                        help="consistent_hash: leading characters hashed")
+    group.add_argument("--router-share-across-tenants", action=argparse.BooleanOptionalAction,
+                       default=p.share_across_tenants,
+                       help="the workers run with --share-prefix-cache-across-tenants: route one "
+                       "tenant's prompt to a worker another tenant sent it to (implied by that flag "
+                       "under `arbor serve --dp`)")
     group.add_argument("--health-interval", type=float, default=h.interval_s, help="seconds between probes")
     group.add_argument("--health-timeout", type=float, default=h.timeout_s, help="seconds a probe may take")
     group.add_argument("--health-failures", type=int, default=h.failures_to_remove,
@@ -86,7 +91,9 @@ def policy_from_args(args: argparse.Namespace) -> PolicyConfig:
     return PolicyConfig(policy=args.router_policy, cache_threshold=args.cache_threshold,
                         balance_abs_threshold=args.balance_abs_threshold,
                         balance_rel_threshold=args.balance_rel_threshold,
-                        index_capacity=args.router_index_capacity, hash_prefix_len=args.hash_prefix_len)
+                        index_capacity=args.router_index_capacity, hash_prefix_len=args.hash_prefix_len,
+                        share_across_tenants=args.router_share_across_tenants
+                        or getattr(args, "share_prefix_cache_across_tenants", False))
 
 
 def health_from_args(args: argparse.Namespace) -> HealthConfig:

@@ -35,7 +35,7 @@ from starlette.types import Receive, Scope, Send
 from runtime.router.canary import Assignment, Canary
 from runtime.router.metrics import RouterStats
 from runtime.router.policy import NoWorkerError, Route, RoutingPolicy
-from runtime.router.routing_key import routing_key
+from runtime.router.routing_key import namespaced_key
 from runtime.router.shadow import ShadowJob
 from runtime.router.split_metrics import Outcome
 from runtime.router.workers import Worker, WorkerPool
@@ -66,6 +66,7 @@ class Router:
     stats: RouterStats
     client: httpx.AsyncClient
     canary: Canary
+    share_across_tenants: bool = False  # PolicyConfig's: the key namespace ignores tenants
 
 
 @dataclass
@@ -123,7 +124,8 @@ async def forward(router: Router, request: Request) -> Response:
     assigns it to); relay the answer and record what it came to."""
     body = await request.body()
     parsed = _json(body) if request.method == "POST" else None
-    key = routing_key(request.url.path, parsed) if request.method == "POST" else None
+    share = router.share_across_tenants
+    key = namespaced_key(request.url.path, parsed, request.headers, share) if request.method == "POST" else None
     watch = _Watch(router.canary.assign(request.url.path, request.headers, parsed), parsed, time.monotonic())
     disconnect = asyncio.ensure_future(_wait_disconnect(request))
     try:

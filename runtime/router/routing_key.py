@@ -9,6 +9,11 @@ a token's worth of characters. A request given as ``input_ids`` is keyed by thos
 The two kinds never match each other: each key starts with its own tag (above the last
 code point), so a text's code points cannot be mistaken for token ids.
 
+A worker reuses a prefix only within a cache namespace (a tenant and a ``cache_salt``,
+``runtime.cache.namespace``), so the router's picture must not either: a request with a
+namespace is keyed ``[NAMESPACE_TAG, *namespace code points, TEXT_TAG | IDS_TAG, ...]``
+(``namespaced_key``); the kind tag ends the namespace, as no code point reaches it.
+
     /generate              text | input_ids
     /v1/completions        prompt (a string, token ids, or the first of a list)
     /v1/chat/completions   messages, each as "<role>content" (the chat template's order)
@@ -19,10 +24,15 @@ code point), so a text's code points cannot be mistaken for token ids.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
+
+from runtime.cache.namespace import cache_namespace, check_cache_salt
 
 TEXT_TAG = 0x110000  # one past the last Unicode code point
 IDS_TAG = 0x110001
+NAMESPACE_TAG = 0x110002
+TENANT_HEADER = "x-tenant"  # runtime.server.tenants reads the same header
 
 
 def text_key(text: str) -> list[int]:
@@ -48,6 +58,33 @@ def routing_key(path: str, body: Any) -> list[int] | None:
         args = json.dumps(body.get("arguments", {}), sort_keys=True, separators=(",", ":"))
         return text_key(f"{path}\n{args}")
     return None
+
+
+def namespaced_key(path: str, body: Any, headers: Mapping[str, str],
+                   share_across_tenants: bool = False) -> list[int] | None:
+    """``routing_key`` behind the request's cache namespace (none for anonymous, unsalted
+    requests: their key is the plain one)."""
+    key = routing_key(path, body)
+    if key is None:
+        return None
+    namespace = request_namespace(body, headers, share_across_tenants)
+    return key if namespace is None else [NAMESPACE_TAG, *map(ord, namespace), *key]
+
+
+def request_namespace(body: dict[str, Any], headers: Mapping[str, str], share_across_tenants: bool) -> str | None:
+    """The cache namespace a worker gives the request: the tenant is the ``X-Tenant`` header,
+    else the OpenAI ``user`` field or Anthropic's ``metadata.user_id`` (as the server reads
+    them); the salt is ``cache_salt``. An unusable salt gives None (the worker refuses it)."""
+    metadata = body.get("metadata")
+    user = body.get("user")
+    if isinstance(metadata, dict) and user is None:
+        user = metadata.get("user_id")
+    tenant = headers.get(TENANT_HEADER) or (user if isinstance(user, str) else None) or None
+    try:
+        salt = check_cache_salt(body.get("cache_salt"))
+    except ValueError:
+        return None
+    return cache_namespace(tenant, salt, share_across_tenants)
 
 
 def _prompt_key(prompt: Any) -> list[int] | None:

@@ -67,7 +67,7 @@ class LongestPrefixMatchPolicy(SchedulePolicy):
               running: Sequence[Request] = ()) -> list[Request]:
         if len(waiting) > LPM_MAX_WAITING:
             return FCFSPolicy().order(waiting, cache)
-        matched = {id(r): cache.match_prefix(r.all_ids[:-1]).num_tokens for r in waiting}
+        matched = {id(r): cache.match_prefix(r.all_ids[:-1], r.cache_namespace).num_tokens for r in waiting}
         bound = self.max_overtakes
 
         def key(r: Request) -> tuple[int, int, int]:

@@ -228,14 +228,17 @@ class Scheduler:
 
     def _admit(self, budget: _StepBudget, rank: int) -> list[PrefillItem]:
         items: list[PrefillItem] = []
-        admitted_ids: list[list[int]] = []
+        admitted: list[tuple[str | None, list[int]]] = []  # (namespace, ids) admitted this step
         for r in self.policy.order(self.waiting, self.cache, self.running):
             if self.policy.rank(r) != rank:
                 continue
             if budget.tokens <= 0 or len(self.running) >= self.max_running:
                 break
-            match = self.cache.match_prefix(r.all_ids[: self._match_limit(r)])
-            if self._shares_uncached_prefix(r, match.num_tokens, admitted_ids):
+            match = self.cache.match_prefix(r.all_ids[: self._match_limit(r)], r.cache_namespace)
+            # NOTE: only another request of the same namespace could serve r's prefix; deferring
+            # r for one of another namespace would show r's caller that someone sent that prompt.
+            same = [ids for ns, ids in admitted if ns == r.cache_namespace]
+            if self._shares_uncached_prefix(r, match.num_tokens, same):
                 self._deferred_budget = max(self._deferred_budget, budget.tokens)  # its share now
                 continue
             n = min(r.seq_len - match.num_tokens, budget.tokens)
@@ -249,7 +252,7 @@ class Scheduler:
                 break  # the pool is full for now; later requests would starve this one
             self._start(r, match)
             items.append(PrefillItem(r, r.num_computed, n))
-            admitted_ids.append(r.all_ids)
+            admitted.append((r.cache_namespace, r.all_ids))
             budget.tokens -= n
             budget.pages -= taken
         return items
@@ -314,7 +317,7 @@ class Scheduler:
             r.num_computed += item.num_tokens
             self.stats.prefill_tokens += item.num_tokens
             computed = r.all_ids[: r.num_computed]
-            r.prefix, r.pages = self.cache.cache_unfinished(computed, r.pages, r.prefix)
+            r.prefix, r.pages = self.cache.cache_unfinished(computed, r.pages, r.prefix, r.cache_namespace)
         for r in batch.decode:
             r.num_computed += 1
         self.stats.decode_tokens += len(batch.decode)
@@ -350,7 +353,8 @@ class Scheduler:
             self.stats.num_aborts += 1
 
     def _release(self, request: Request) -> None:
-        self.cache.cache_finished(request.all_ids[: request.num_computed], request.pages, request.prefix)
+        self.cache.cache_finished(request.all_ids[: request.num_computed], request.pages, request.prefix,
+                                  request.cache_namespace)
         request.pages, request.prefix, request.num_computed = [], EMPTY_MATCH, 0
 
     # ---- invariants ------------------------------------------------------------------------

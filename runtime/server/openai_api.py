@@ -37,14 +37,14 @@ def build_router(ctx: ServerContext) -> APIRouter:
     @router.post("/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request,
                           response: Response) -> CompletionResponse | EventStreamResponse:
-        endpoint = CompletionEndpoint(ctx, body, caller_of(request.headers, body.user))
+        endpoint = CompletionEndpoint(ctx, body, caller_of(request.headers, body.user, body.cache_salt))
         response.headers.update(endpoint.headers)
         return await endpoint.serve(request)
 
     @router.post("/chat/completions", response_model=None)
     async def chat(body: ChatCompletionRequest, request: Request,
                    response: Response) -> ChatCompletionResponse | EventStreamResponse:
-        endpoint = ChatEndpoint(ctx, body, caller_of(request.headers, body.user))
+        endpoint = ChatEndpoint(ctx, body, caller_of(request.headers, body.user, body.cache_salt))
         response.headers.update(endpoint.headers)
         return await endpoint.serve(request)
 

@@ -40,7 +40,7 @@ from runtime.server.metrics import NO_PROMPT, ServerMetrics, TokenTimer, prompt_
 from runtime.server.protocol import ProgramInfo, ProgramResult, ProgramsResponse, Strict
 from runtime.server.serving import Admission, RequestTimeoutError, ServerContext, until_disconnect
 from runtime.server.sse import SSE_DONE, EventStreamResponse, sse
-from runtime.server.tenants import caller_of
+from runtime.server.tenants import Caller, caller_of
 
 GenerationListener = Callable[[GenerationDone], None]
 
@@ -50,6 +50,7 @@ class ProgramRunRequest(Strict):
     stream: bool = False
     timeout: float | None = pydantic.Field(default=None, gt=0)
     trace: bool = False  # include the run's trace in the result
+    cache_salt: Any = None  # every generation of the run in this cache namespace (tenants.caller_of)
 
 
 def build_router(ctx: ServerContext) -> APIRouter:
@@ -72,7 +73,7 @@ def build_router(ctx: ServerContext) -> APIRouter:
         args = _validate(program, body.arguments)
         timeout = ctx.limits.program_timeout_s if body.timeout is None else min(
             body.timeout, ctx.limits.program_timeout_s or body.timeout)
-        admission = Admission(ctx, caller_of(request.headers))
+        admission = Admission(ctx, caller_of(request.headers, cache_salt=body.cache_salt))
         run = _Run(ctx, program, args, timeout, admission, body.trace)
         if body.stream:
             return await _stream_run(run)
@@ -134,7 +135,7 @@ class _Run:
         self.ctx.metrics.runs.add(self.run_id, self.program.name, self.args, started, status, error, trace)
 
     async def _outcome(self) -> ProgramOutcome:
-        engine = TimedEngine(self.ctx.engine, self.ctx.metrics, self.labels[2])
+        engine = TimedEngine(self.ctx.engine, self.ctx.metrics, self.labels[2], self.admission.caller)
         async with contextlib.aclosing(self.program.run_hosted(engine, self.args)) as events:  # type: ignore[arg-type]
             async for event in events:
                 if isinstance(event, ProgramOutcome):
@@ -148,12 +149,14 @@ class _Run:
 class TimedEngine:
     """The engine as a hosted program gets it: each of the run's engine requests is timed
     like an HTTP one (TTFT, ITL, end to end; endpoint ``program_gen``, the request's prompt
-    bucket, the run's tenant label). Everything else is the engine's own."""
+    bucket, the run's tenant label), and sent as the run's caller: its tenant and cache salt
+    (so the run shares cached prefixes only within them). Everything else is the engine's own."""
 
-    def __init__(self, engine: Engine, metrics: ServerMetrics, tenant_label: str) -> None:
+    def __init__(self, engine: Engine, metrics: ServerMetrics, tenant_label: str, caller: Caller) -> None:
         self._engine = engine
         self._metrics = metrics
         self._tenant_label = tenant_label
+        self._caller = caller
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
@@ -164,7 +167,8 @@ class TimedEngine:
         bucket = prompt_bucket(len(input_ids)) if input_ids is not None else NO_PROMPT
         timer = TokenTimer(self._metrics, ("program_gen", bucket, self._tenant_label))
         async for out in self._engine.generate_stream(prompt, sampling_params, input_ids=input_ids,
-                                                      request_id=request_id):
+                                                      request_id=request_id, tenant=self._caller.tenant,
+                                                      cache_salt=self._caller.cache_salt):
             timer.observe(len(out.delta_token_ids), out.finished)
             yield out
 

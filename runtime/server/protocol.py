@@ -119,11 +119,19 @@ class ConstraintCheckInfo(BaseModel):
     error: str | None = None  # why not, when valid is false
 
 
+class CachedTokensDetails(BaseModel):
+    """Where a prompt's cached tokens came from: ``pool + tier == cached_tokens``."""
+
+    pool: int  # found in the KV pool (the radix tree's pages)
+    tier: int = 0  # reloaded from the host tier beyond the pool; 0 while no tier exists
+
+
 class GenerateMeta(BaseModel):
     request_id: str
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    cached_tokens_details: CachedTokensDetails | None = None  # None: a server that does not split
     e2e_latency: float  # seconds, server side
     logprobs: list[float] | None = None
     top_logprobs: list[dict[str, float]] | None = None  # token id (as a string) → logprob
@@ -228,6 +236,9 @@ class SamplingExtras(Lenient):
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     user: str | None = None  # the tenant, unless the X-Tenant header names one (tenants.py)
+    # vLLM's: a prefix-cache namespace within the tenant; any JSON value, checked by
+    # tenants.caller_of so that a bad one is a 400 saying why
+    cache_salt: Any = None
     # extensions (vLLM / SGLang names)
     top_k: int = 0
     min_p: float = 0.0

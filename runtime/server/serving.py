@@ -196,7 +196,8 @@ class EngineStream:
 
         self.ctx.engine.add_request(input_ids=self.input_ids, params=self.params,
                                     request_id=self.request_id, callback=deliver,
-                                    tenant=self.caller.tenant, priority=self.caller.priority)
+                                    tenant=self.caller.tenant, priority=self.caller.priority,
+                                    cache_salt=self.caller.cache_salt)
         self.submitted = True
         self.ctx.gate.num_waiting += 1
         self.ctx.metrics.prompt_tokens.inc(len(self.input_ids))

@@ -3,7 +3,10 @@
 A request names its tenant with the ``X-Tenant`` header or, on the OpenAI endpoints,
 the ``user`` field (the header wins); without either it is anonymous (one shared tenant
 for limits). ``X-Priority: interactive | batch`` picks its class (default interactive).
-Both go to the engine's fair scheduler (``runtime.scheduler.policy.FairPolicy``).
+Both go to the engine's fair scheduler (``runtime.scheduler.policy.FairPolicy``). The
+tenant and a request's ``cache_salt`` (vLLM's field, on /generate, the OpenAI endpoints
+and /v1/responses) also pick its prefix-cache namespace (``runtime.cache.namespace``):
+another tenant, or another salt, never reuses its cached prefixes.
 
 Per tenant, the server bounds requests in flight and tokens per minute. Tokens are
 limited, not requests (serving practice): a request reserves its prompt plus its
@@ -20,6 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from runtime.cache.namespace import check_cache_salt
 from runtime.errors import InvalidRequestError
 from runtime.request import PRIORITIES, Priority
 
@@ -31,10 +35,11 @@ MAX_IDLE_BUCKETS = 10_000  # beyond: drop the buckets of tenants back at a full 
 
 @dataclass(frozen=True)
 class Caller:
-    """A request's tenant (None: anonymous) and priority class."""
+    """A request's tenant (None: anonymous), priority class and cache salt (None: none)."""
 
     tenant: str | None = None
     priority: Priority = "interactive"
+    cache_salt: str | None = None
 
 
 def tenant_of(headers: Mapping[str, str], user: str | None = None) -> str | None:
@@ -46,12 +51,17 @@ def tenant_of(headers: Mapping[str, str], user: str | None = None) -> str | None
     return tenant
 
 
-def caller_of(headers: Mapping[str, str], user: str | None = None) -> Caller:
-    """Tenant and priority of a request, from its headers (and OpenAI ``user`` field)."""
+def caller_of(headers: Mapping[str, str], user: str | None = None, cache_salt: object = None) -> Caller:
+    """Tenant and priority of a request, from its headers (and OpenAI ``user`` field), and
+    its ``cache_salt`` field (any JSON value: a bad one is a 400 that says why)."""
     priority = headers.get(PRIORITY_HEADER, "interactive").strip().lower()
     if priority not in PRIORITIES:
         raise InvalidRequestError(f"X-Priority must be one of {', '.join(PRIORITIES)}, got {priority!r}")
-    return Caller(tenant_of(headers, user), priority)  # type: ignore[arg-type]
+    try:
+        salt = check_cache_salt(cache_salt)
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc)) from None
+    return Caller(tenant_of(headers, user), priority, salt)  # type: ignore[arg-type]
 
 
 class TenantLimitError(Exception):

@@ -61,6 +61,8 @@ def test_tree_search_trace_has_nine_leaves_cached_branches_and_nested_times(engi
     for g in gens:  # every gen runs on a branch, after its fork cached the shared prefix
         assert g["stream"] != 0 and 0 < g["cached_tokens"] <= g["prompt_tokens"]
         assert g["computed_tokens"] == g["prompt_tokens"] - g["cached_tokens"]
+        # every cached token a pool hit: the engine has no host tier (yet)
+        assert (g["pool_cached_tokens"], g["tier_cached_tokens"]) == (g["cached_tokens"], 0)
         assert 0 < g["output_tokens"] <= 4
     drafts = [g for g in gens if g["name"] == "draft"]
     ideas = {g["stream"]: g for g in gens if g["name"] == "idea"}
@@ -70,6 +72,7 @@ def test_tree_search_trace_has_nine_leaves_cached_branches_and_nested_times(engi
     check_nesting(trace)
     totals = trace["totals"]
     assert totals["generations"] == 12 and totals["cached_tokens"] == sum(g["cached_tokens"] for g in gens)
+    assert totals["pool_cached_tokens"] == totals["cached_tokens"] and totals["tier_cached_tokens"] == 0
 
 
 def streams_depth(trace: dict[str, Any], sid: int) -> int:

@@ -82,3 +82,35 @@ def test_reference_rms_norm_matches_torch() -> None:
     x, weight = torch.randn(4, 3, 96), torch.randn(96)
     expected = F.rms_norm(x, (96,), weight, eps=1e-5)
     torch.testing.assert_close(reference.rms_norm(x, weight, 1e-5), expected, atol=1e-6, rtol=1e-5)
+
+
+def test_flash_query_rows_pads_only_tails_of_one_to_three_rows() -> None:
+    from kernels.reference.attention import flash_query_rows
+
+    assert [flash_query_rows(n) for n in (1, 3, 4, 32, 33, 35, 36, 191)] == [4, 4, 4, 32, 36, 36, 36, 191]
+    assert [flash_query_rows(n) for n in (192, 193, 257, 260, 768, 769, 1027)] == [192, 196, 260, 260, 768, 772, 1028]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_rows_bits_do_not_depend_on_how_many_rows_came_with_it(causal: bool) -> None:
+    """The last ``m`` query rows attended alone equal the same rows attended with all the
+    others, bit for bit, whatever ``m`` (the invariance contract: a cached prefix, a
+    prefill chunk or a batch changes how many rows a call holds). Without the tail padding
+    (``flash_query_rows``) torch's CPU kernel rounds blocks of 1 to 3 rows differently."""
+    from kernels.reference.attention import _attend, _attend_causal
+
+    gen = torch.Generator().manual_seed(0)
+    num_keys, heads = 70, 2
+    q = torch.randn(1, num_keys, heads, 64, generator=gen)
+    k, v = torch.randn(2, 1, num_keys, heads, 64, generator=gen)
+    allowed = torch.ones(num_keys, num_keys).tril().bool()
+    mask = torch.where(allowed, 0.0, float("-inf"))[None, None]
+    if causal:
+        whole = _attend_causal(q, k, v, 0.125)[0]
+        differing = [m for m in (1, 2, 3, 33, 34, 35, 69) if not torch.equal(
+            _attend(q[:, -m:], k, v, mask[:, :, -m:], 0.125)[0], whole[:, -m:])]
+    else:
+        whole = _attend(q, k, v, mask, 0.125)[0]
+        differing = [m for m in range(1, num_keys) if not torch.equal(
+            _attend(q[:, -m:], k, v, mask[:, :, -m:], 0.125)[0], whole[:, -m:])]
+    assert differing == []

@@ -175,7 +175,7 @@ def build_router(ctx: ServerContext) -> APIRouter:
     async def responses(body: schema.ResponsesRequest, request: Request) -> JSONResponse | EventStreamResponse:
         call = ResponsesCall(ctx, body, store)
         group = StreamGroup(ctx, "responses", [(call.prompt_ids, call.params)],
-                            ctx.limits.deadline(body.timeout), caller_of(request.headers, body.user))
+                            ctx.limits.deadline(body.timeout), caller_of(request.headers, body.user, body.cache_salt))
         if body.stream:
             [stream] = await group.open()
             response = EventStreamResponse(_events(ctx, call, stream), group.close)

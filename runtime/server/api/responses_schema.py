@@ -94,6 +94,7 @@ class ResponsesRequest(WireModel):
     store: bool = True  # kept for previous_response_id (a bounded store: the oldest go first)
     metadata: dict[str, str] = Field(default_factory=dict)  # echoed on the response
     user: str | None = None  # the tenant, unless the X-Tenant header names one
+    cache_salt: Any = None  # vLLM's prefix-cache namespace; checked by tenants.caller_of (400)
     timeout: float | None = Field(default=None, gt=0)  # Arbor's: seconds, capped by the server's
 
 

@@ -35,7 +35,7 @@ from runtime.server.api.constraint_fields import constraint_from_fields
 from runtime.server.api.fields import check_fields
 from runtime.server.errors import raise_if_failed, stream_error_event
 from runtime.server.openai_common import _merge
-from runtime.server.protocol import GenerateMeta
+from runtime.server.protocol import CachedTokensDetails, GenerateMeta
 from runtime.server.serving import (
     EngineStream,
     ServerContext,
@@ -161,7 +161,8 @@ class GeneratePlan:
         info: dict[str, Any] = {
             "id": job.rid or out.request_id, "finish_reason": _finish_reason(out),
             "prompt_tokens": len(out.prompt_token_ids), "completion_tokens": len(out.token_ids),
-            "cached_tokens": out.num_cached_tokens, "e2e_latency": time.monotonic() - stream.started}
+            "cached_tokens": out.num_cached_tokens, "cached_tokens_details": _cached_details(out).model_dump(),
+            "e2e_latency": time.monotonic() - stream.started}
         if job.return_logprob:
             info.update(self._logprobs(job, out))
         return info
@@ -196,7 +197,8 @@ def build_router(ctx: ServerContext) -> APIRouter:
     async def generate(body: schema.SglGenerateRequest, request: Request) -> JSONResponse | EventStreamResponse:
         plan = GeneratePlan(ctx, body)
         group = StreamGroup(ctx, "generate", [(j.input_ids, j.params) for j in plan.jobs],
-                            ctx.limits.deadline(body.timeout), caller_of(request.headers))
+                            ctx.limits.deadline(body.timeout),
+                            caller_of(request.headers, cache_salt=body.cache_salt))
         if body.stream:
             streams = await group.open()  # 4xx/429/503 before the first byte
             response = EventStreamResponse(_events(ctx, plan, streams), group.close)
@@ -278,12 +280,18 @@ def _finish_reason(out: RequestOutput) -> dict[str, Any] | None:
     return {"type": "abort", "message": out.error or "aborted"}
 
 
+def _cached_details(out: RequestOutput) -> CachedTokensDetails:
+    return CachedTokensDetails(pool=out.num_cached_tokens - out.num_tier_cached_tokens,
+                               tier=out.num_tier_cached_tokens)
+
+
 def _meta(out: RequestOutput, stream: EngineStream) -> GenerateMeta:
     top = None
     if out.top_logprobs is not None:
         top = [{str(k): v for k, v in step.items()} for step in out.top_logprobs]
     return GenerateMeta(request_id=out.request_id, prompt_tokens=len(out.prompt_token_ids),
                         completion_tokens=len(out.token_ids), cached_tokens=out.num_cached_tokens,
+                        cached_tokens_details=_cached_details(out),
                         e2e_latency=time.monotonic() - stream.started, logprobs=out.logprobs,
                         top_logprobs=top, prompt_logprobs=out.prompt_logprobs,
                         constraint_check=engine_constraints.check_info(out.constraint_check))

@@ -72,6 +72,7 @@ class SglGenerateRequest(WireModel):
     return_text_in_logprobs: bool = False
     stream: bool = False
     rid: str | list[str] | None = None  # echoed as meta_info.id
+    cache_salt: Any = None  # vLLM's prefix-cache namespace; checked by tenants.caller_of (400)
     timeout: float | None = Field(default=None, gt=0, description="seconds; the server's limit caps it")
 
     @model_validator(mode="after")

@@ -34,12 +34,14 @@ class Cluster:
 def cluster() -> Iterator[Callable[..., Cluster]]:
     opened: list[LiveServer] = []
 
-    def make(num: int = 2, policy: str = "cache_aware", dead: int = 0, **kwargs: Any) -> Cluster:
+    def make(num: int = 2, policy: str = "cache_aware", dead: int = 0, share_across_tenants: bool = False,
+             **kwargs: Any) -> Cluster:
         fakes = [FakeWorker(f"w{i}") for i in range(num)]
         servers = [LiveServer(f.app).__enter__() for f in fakes]
         opened.extend(servers)
         urls = [s.url for s in servers] + [f"http://127.0.0.1:{free_port()}" for _ in range(dead)]
-        app = create_router_app(urls, PolicyConfig(policy=policy), FAST_HEALTH, **kwargs)  # type: ignore[arg-type]
+        config = PolicyConfig(policy=policy, share_across_tenants=share_across_tenants)  # type: ignore[arg-type]
+        app = create_router_app(urls, config, FAST_HEALTH, **kwargs)
         router = LiveServer(app).__enter__()
         opened.append(router)
         return Cluster(fakes, router, servers)
@@ -87,6 +89,26 @@ def test_relays_answers_and_keeps_each_prefix_on_one_worker(cluster: Callable[..
     assert metrics[("arbor_router_requests_total", (("reason", "prefix"), ("worker", home_a)))] == 5
     assert metrics[("arbor_router_worker_load", (("worker", home_a),))] == 0
     assert metrics[("arbor_router_worker_healthy", (("worker", home_b),))] == 1
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_a_tenants_prefix_routes_only_that_tenant(cluster: Callable[..., Cluster], share: bool) -> None:
+    """Workers reuse a prefix only within a tenant (and cache_salt), so the router's index
+    does too; with --router-share-across-tenants, tenants share it (salts still separate)."""
+    c = cluster(2, share_across_tenants=share)
+    text = "S" * 200
+    with httpx.Client(base_url=c.url, timeout=10) as http:
+        def home(headers: dict[str, str], **fields: Any) -> str:
+            r = http.post("/v1/completions", json={"prompt": text, **fields}, headers=headers)
+            return str(r.headers["x-arbor-worker"])
+
+        first = home({"X-Tenant": "a"})
+        other = next(s.url for s in c.servers if s.url != first)
+        assert home({}, user="a") == first  # the user field names the same tenant
+        # Another tenant's prompt is a new prefix (the emptier worker) unless tenants share.
+        assert home({"X-Tenant": "b"}) == (first if share else other)
+        if share:
+            assert home({"X-Tenant": "b"}, cache_salt="s") == other  # a salt is still a namespace
 
 
 def test_round_robin_alternates(cluster: Callable[..., Cluster]) -> None:

@@ -114,3 +114,31 @@ def test_bad_policy_settings_are_refused() -> None:
         PolicyConfig(cache_threshold=1.5)
     with pytest.raises(ValueError, match="capacity"):
         PrefixIndex(0)
+
+
+def test_namespaced_keys_follow_the_workers_cache_namespaces() -> None:
+    from runtime.router.routing_key import NAMESPACE_TAG, namespaced_key
+
+    body = {"prompt": "ab"}
+    assert namespaced_key("/v1/completions", body, {}) == text_key("ab")  # anonymous: the plain key
+    tenant_a = namespaced_key("/v1/completions", body, {"x-tenant": "a"})
+    assert tenant_a is not None and tenant_a[0] == NAMESPACE_TAG and tenant_a[-3:] == text_key("ab")
+    assert namespaced_key("/v1/completions", {**body, "user": "a"}, {}) == tenant_a
+    assert namespaced_key("/v1/completions", {**body, "user": "b"}, {"x-tenant": "a"}) == tenant_a  # header wins
+    assert namespaced_key("/v1/messages", {"messages": [{"role": "user", "content": "ab"}],
+                                           "metadata": {"user_id": "a"}}, {}) is None  # no key for the route
+    salted = namespaced_key("/v1/completions", {**body, "cache_salt": "s"}, {"x-tenant": "a"})
+    assert salted not in (tenant_a, None)
+    # Shared across tenants: a tenant alone is no namespace, a salt still is.
+    assert namespaced_key("/v1/completions", body, {"x-tenant": "a"}, share_across_tenants=True) == text_key("ab")
+    assert namespaced_key("/v1/completions", {**body, "cache_salt": "s"}, {"x-tenant": "b"}, True) == \
+        namespaced_key("/v1/completions", {**body, "cache_salt": "s"}, {"x-tenant": "a"}, True)
+    # A salt the worker refuses gives the plain key (the worker answers 400 anyway).
+    assert namespaced_key("/v1/completions", {**body, "cache_salt": ""}, {}) == text_key("ab")
+    # Another namespace's key matches none of the prompt: at most the namespaces' shared
+    # head (here '["a'), as the kind tag ends each namespace.
+    index = PrefixIndex(1000)
+    index.insert(tenant_a)
+    longer = namespaced_key("/v1/completions", body, {"x-tenant": "aa"})
+    assert longer is not None and index.match_len(longer) == len([NAMESPACE_TAG, *'["a'])
+    assert index.match_len(tenant_a) == len(tenant_a)

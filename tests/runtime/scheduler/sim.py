@@ -62,10 +62,11 @@ class Sim:
         self.finished: list[Request] = []
 
     def add(self, rid: str, prompt_ids: list[int], max_new_tokens: int, *,
-            tenant: str | None = None, priority: Priority = "interactive") -> Request:
+            tenant: str | None = None, priority: Priority = "interactive",
+            cache_namespace: str | None = None) -> Request:
         req = Request(rid, list(prompt_ids), SamplingParams(max_new_tokens=max_new_tokens,
                                                             temperature=0.0),
-                      tenant=tenant, priority=priority)
+                      tenant=tenant, priority=priority, cache_namespace=cache_namespace)
         self.sched.add(req)
         return req
 

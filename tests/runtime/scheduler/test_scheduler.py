@@ -116,6 +116,22 @@ def test_in_batch_dedup_computes_a_shared_prefix_once() -> None:
     assert all(r.output_ids == fake_outputs(2) for r in reqs)
 
 
+def test_namespaces_neither_share_nor_wait_for_each_others_prefixes() -> None:
+    """A request of another cache namespace (tenant, cache_salt) never reuses r0's prefix,
+    so it is not held back for it either: waiting would show its caller that someone is
+    computing that prompt right now."""
+    sim = Sim(num_pages=257, page_size=1, max_prefill_tokens=256)
+    r0 = sim.add("r0", SHARED + [200], max_new_tokens=2, cache_namespace="a")
+    other = sim.add("other", SHARED + [201], max_new_tokens=2, cache_namespace="b")
+    same = sim.add("same", SHARED + [202], max_new_tokens=2, cache_namespace="a")
+    assert prefill_ids(sim.step()) == [("r0", 0, 41), ("other", 0, 41)]  # "same" waits for r0
+    assert prefill_ids(sim.step()) == [("same", 40, 1)]
+    assert (r0.num_cached_tokens, other.num_cached_tokens, same.num_cached_tokens) == (0, 0, 40)
+    late = sim.add("late", SHARED + [203], max_new_tokens=1)  # the shared default: nothing cached
+    sim.run()
+    assert late.num_cached_tokens == 0
+
+
 def test_dedup_deferred_requests_keep_their_budget_once_the_first_decodes() -> None:
     # While r0 decodes, the prefill budget is the 4-token chunk; r1..r4 were deferred
     # from a step with 256 tokens to spare, so they all start together next step anyway.
