@@ -208,6 +208,8 @@ class RadixTree(PrefixCache):
     def retain(self, retention: Retention, token_ids: list[int]) -> bool:
         node = self.match_prefix(token_ids).node
         session = self.retention.session(retention)
+        if session is None:  # it ended
+            return False
         for stale in self.retention.expired(retention.owner):
             if stale is not session:
                 self._drop(stale)
@@ -231,7 +233,7 @@ class RadixTree(PrefixCache):
 
     @_whole_move
     def release(self, session_id: str) -> int:
-        session = self.retention.sessions.get(session_id)
+        session = self.retention.end(session_id)
         if session is None:
             return 0
         before = self._retained

@@ -25,6 +25,7 @@ This module keeps the sessions' bookkeeping; the tree counts pins on its nodes.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,7 @@ from typing import Any
 log = logging.getLogger("arbor.cache")
 
 MAX_SESSION_ID_LEN = 256
+ENDED_MEMORY = 4096  # ended sessions remembered, so a straggler of theirs pins nothing
 
 
 @dataclass(frozen=True)
@@ -71,9 +73,15 @@ class RetentionTable:
         self.sessions: dict[str, RetainedSession] = {}
         self.num_refused = 0  # pins refused: their owner's budget was spent
         self._warned: set[str] = set()  # sessions whose refusal was logged
+        # NOTE: a run's last request may finish in the step that drains its end (it was
+        # cancelled as the run failed, but finished first): it must not pin anything again.
+        self._ended: OrderedDict[str, None] = OrderedDict()
 
-    def session(self, retention: Retention) -> RetainedSession:
-        """The session of ``retention`` (created if new), its deadline refreshed."""
+    def session(self, retention: Retention) -> RetainedSession | None:
+        """The session of ``retention`` (created if new), its deadline refreshed; None
+        once it has ended."""
+        if retention.session_id in self._ended:
+            return None
         deadline = self.clock() + retention.ttl_s
         s = self.sessions.get(retention.session_id)
         if s is None:
@@ -91,6 +99,13 @@ class RetentionTable:
     def pop(self, session_id: str) -> RetainedSession | None:
         self._warned.discard(session_id)
         return self.sessions.pop(session_id, None)
+
+    def end(self, session_id: str) -> RetainedSession | None:
+        """The session ended: forget it, and refuse its later pins."""
+        self._ended[session_id] = None
+        if len(self._ended) > ENDED_MEMORY:
+            self._ended.popitem(last=False)
+        return self.pop(session_id)
 
     def next_victim(self) -> RetainedSession | None:
         """The session whose pins go first under pressure: the earliest deadline."""

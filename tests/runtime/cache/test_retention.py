@@ -137,3 +137,14 @@ def test_locked_pinned_prefix_is_not_evicted_when_released() -> None:
     assert tree.retention.sessions == {} and cached(tree, [1, 2]) == 2
     tree.unlock(match)
     tree.check_integrity()
+
+
+def test_an_ended_session_pins_nothing_again() -> None:
+    pool, tree, _ = make()
+    insert(pool, tree, [1, 2])
+    tree.retain(hint("run"), [1, 2])
+    tree.release("run")
+    # its last request finished just after the end was drained (a cancelled straggler)
+    assert not tree.retain(hint("run"), [1, 2])
+    assert tree.num_retained_pages == 0 and tree.retention.sessions == {}
+    tree.check_integrity()
