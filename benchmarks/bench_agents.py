@@ -45,9 +45,7 @@ from frontend_dsl.engine_backend import EngineBackend  # noqa: E402
 from runtime import Engine, SamplingParams  # noqa: E402
 
 SIDES = ("retention", "lru")
-WORDS = ("amber river stone north quiet market ledger cobalt signal harbor velvet orbit "
-         "lantern meadow copper thistle granite falcon ember willow prism canyon tundra "
-         "saffron beacon glacier cedar marble ripple summit").split()
+WORDS = ["amber", "river", "stone", "north", "quiet", "market", "ledger", "cobalt", "signal", "harbor", "velvet", "orbit", "lantern", "meadow", "copper", "thistle", "granite", "falcon", "ember", "willow", "prism", "canyon", "tundra", "saffron", "beacon", "glacier", "cedar", "marble", "ripple", "summit"]
 
 
 def words(rng: random.Random, n: int) -> str:
