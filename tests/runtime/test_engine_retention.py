@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,10 +18,10 @@ PAGE = 16
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[Engine]:
+def engine(tiny_llama_dir: Path) -> Iterator[Engine]:
     # 39 usable pages: room for about six 96-token conversations, not for seven
-    eng = Engine(model="default", weights="fp32", page_size=PAGE, num_pages=40, max_running_requests=2,
-                 retention_max_pages=20, retention_max_ttl_s=120.0)
+    eng = Engine(model=str(tiny_llama_dir), page_size=PAGE, num_pages=40, max_running_requests=2,
+                 num_threads=1, retention_max_pages=20, retention_max_ttl_s=120.0)
     yield eng
     eng.close()
 
