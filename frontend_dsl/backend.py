@@ -43,6 +43,9 @@ class GenParams:
     repetition_penalty: float = 1.0  # CTRL's multiplicative one over prompt and output
     top_logprobs_num: int = 0  # with return_logprob: the k likeliest tokens at each step
     logprob_start_len: int | None = None  # with return_logprob: prompt logprobs from here
+    # The program run this request belongs to (set by the executor): a backend with a
+    # prefix cache keeps the run's state for its next request until ``end_run``.
+    run_id: str | None = None
 
     def describe(self) -> dict[str, Any]:
         """JSON-able view for the request graph (fields at their defaults are left out)."""
@@ -149,9 +152,14 @@ class Backend(ABC):
         ``start`` must be >= 1 (the first token has no context).
         """
 
-    async def cache_prefix(self, input_ids: list[int]) -> None:  # noqa: B027 - optional hook
+    async def cache_prefix(self, input_ids: list[int], run_id: str | None = None) -> None:  # noqa: B027
         """Make ``input_ids`` resident in the prefix cache (called before a fork's branches
-        start, so they all hit it). Backends without a cache do nothing."""
+        start, so they all hit it), kept for ``run_id``'s later requests. Backends without
+        a cache do nothing (an optional hook)."""
+
+    def end_run(self, run_id: str) -> None:  # noqa: B027 - optional hook
+        """The program run ``run_id`` ended: what the backend kept for it may go at once.
+        Thread-safe. Backends that keep nothing per run do nothing."""
 
     def metrics(self) -> dict[str, Any]:
         """Backend counters (cache hit rate...); empty when the backend keeps none."""

@@ -18,11 +18,12 @@ from frontend_dsl.errors import GenerationError
 from frontend_dsl.hf_codec import HFCodec
 from frontend_dsl.output_constraint import to_engine_constraint
 from runtime import SamplingParams
+from runtime.cache.retention import Retention
 
 
-def to_sampling_params(params: GenParams) -> SamplingParams:
+def to_sampling_params(params: GenParams, retention: Retention | None = None) -> SamplingParams:
     """The engine's ``SamplingParams`` for one ``gen``; unset fields keep engine defaults."""
-    kwargs: dict[str, Any] = {"max_new_tokens": params.max_tokens, "stop": params.stop,
+    kwargs: dict[str, Any] = {"retention": retention, "max_new_tokens": params.max_tokens, "stop": params.stop,
                               "logprobs": params.return_logprob,
                               "speculation": params.speculation,
                               "constraint": to_engine_constraint(params.constraint)}
@@ -39,11 +40,23 @@ def scoring_params(start: int) -> SamplingParams:
 
 
 class EngineBackend(Backend):
-    """Adapter from the DSL's ``Backend`` to ``runtime.Engine``."""
+    """Adapter from the DSL's ``Backend`` to ``runtime.Engine``.
 
-    def __init__(self, engine: Any) -> None:
+    Args:
+        retain_runs: keep each program run's states in the engine's prefix cache until the
+            run ends (``runtime/cache/retention.py``); off: plain LRU (the baseline).
+    """
+
+    def __init__(self, engine: Any, retain_runs: bool = True) -> None:
         self.engine = engine
         self.codec = HFCodec(engine.tokenizer)
+        self.retain_runs = retain_runs
+
+    def _retention(self, run_id: str | None) -> Retention | None:
+        """A run's hint: its own session, and its own owner (one page budget per run)."""
+        if run_id is None or not self.retain_runs:
+            return None
+        return Retention(run_id, self.engine.config.retention_ttl_s, owner=run_id)
 
     def encode(self, text: str) -> list[int]:
         return self.codec.encode(text)
@@ -63,7 +76,7 @@ class EngineBackend(Backend):
         # NOTE: leaving this iteration early (the node was cancelled) makes the engine's
         # generate_stream abort the request, which frees its KV pages at once.
         async for out in self.engine.generate_stream(
-            input_ids=input_ids, sampling_params=to_sampling_params(params),
+            input_ids=input_ids, sampling_params=to_sampling_params(params, self._retention(params.run_id)),
             request_id=f"dsl-{uuid.uuid4().hex}",
         ):
             if out.error is not None:
@@ -86,8 +99,13 @@ class EngineBackend(Backend):
             raise GenerationError(f"engine prompt logprobs missing from position {start}")
         return [float(lp) for lp in logprobs if lp is not None]
 
-    async def cache_prefix(self, input_ids: list[int]) -> None:
-        await self.engine.agenerate(input_ids=input_ids, sampling_params=SamplingParams(max_new_tokens=0))
+    async def cache_prefix(self, input_ids: list[int], run_id: str | None = None) -> None:
+        params = SamplingParams(max_new_tokens=0, retention=self._retention(run_id))
+        await self.engine.agenerate(input_ids=input_ids, sampling_params=params)
+
+    def end_run(self, run_id: str) -> None:
+        if self.retain_runs:
+            self.engine.end_session(run_id)
 
     def metrics(self) -> dict[str, Any]:
         return dict(self.engine.metrics())

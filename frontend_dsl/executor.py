@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -73,6 +74,9 @@ class Executor:
         self._on_text = on_text
         self._tasks: set[asyncio.Task[None]] = set()
         self.recorder = RunRecorder()  # node timings and costs: the run's trace (run_trace.py)
+        # Sent with every request of the run, so the backend keeps the states the run will
+        # extend (a tool call's, a fork's) until ``end_run`` (runtime/cache/retention.py).
+        self.run_id = f"run-{uuid.uuid4().hex}"
         self._handlers: dict[str, Callable[[Node], Awaitable[Any]]] = {
             "text": self._text, "gen": self._gen, "select": self._select,
             "fork": self._fork, "join": self._join, "tool_call": self._tool_call,
@@ -85,6 +89,11 @@ class Executor:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(lambda _: _fail_if_pending(node))
+
+    def end_run(self) -> None:
+        """The run ended (its body returned, every node finished): release what the
+        backend kept for it. Thread-safe."""
+        self.backend.end_run(self.run_id)
 
     def cancel_all(self) -> None:
         """Cancel every node still pending or running."""
@@ -155,6 +164,7 @@ class Executor:
         the generation added (the chunk's text less a healed token's own text)."""
         heal = healing_plan(data, spec, self.backend) if spec.token_healing else None
         ids, params, skip = (list(data.ids), spec.params, 0) if heal is None else heal
+        params = dataclasses.replace(params, run_id=self.run_id)
         final: GenChunk | None = None
         num_chars = 0
         async for chunk in self.backend.generate(ids, params):
@@ -227,7 +237,7 @@ class Executor:
         payload: ForkPayload = node.payload
         parent = self.streams[node.stream_id]
         if len(payload.branch_ids) > 1 and parent.ids:
-            await self.backend.cache_prefix(list(parent.ids))
+            await self.backend.cache_prefix(list(parent.ids), run_id=self.run_id)
         for branch_id in payload.branch_ids:
             self.streams[branch_id] = parent.branch()
 

@@ -56,6 +56,7 @@ class FakeBackend(Backend):
         self.num_prompt_tokens = 0
         self.num_cached_tokens = 0
         self._cached: list[tuple[int, ...]] = []
+        self.ended_runs: list[str] = []  # end_run calls, in order
 
     def encode(self, text: str) -> list[int]:
         return self.codec.encode(text)
@@ -100,9 +101,12 @@ class FakeBackend(Backend):
         self._cached.append(tuple(input_ids))
         return [self.logprob_fn(input_ids[:i], input_ids[i]) for i in range(start, len(input_ids))]
 
-    async def cache_prefix(self, input_ids: list[int]) -> None:
+    async def cache_prefix(self, input_ids: list[int], run_id: str | None = None) -> None:
         self._hit(input_ids)
         self._cached.append(tuple(input_ids))
+
+    def end_run(self, run_id: str) -> None:
+        self.ended_runs.append(run_id)
 
     def _hit(self, input_ids: Sequence[int]) -> int:
         """Longest cached prefix of ``input_ids``, counted into the metrics."""

@@ -77,5 +77,5 @@ class RuntimeEndpoint(Backend):
     async def score(self, input_ids: list[int], start: int) -> list[float]:
         return await self.client.score(input_ids, start)
 
-    async def cache_prefix(self, input_ids: list[int]) -> None:
+    async def cache_prefix(self, input_ids: list[int], run_id: str | None = None) -> None:
         await self.client.cache_prefix(input_ids)

@@ -317,6 +317,8 @@ class Session:
     def finish(self, error: BaseException | None) -> None:
         """The run has ended (its body returned and every node finished)."""
         self._run_error = error
+        if self.executor is not None:
+            self.executor.end_run()
         if self.text_log is not None:
             self.text_log.close(error)
         self._finished.set()

@@ -71,6 +71,14 @@ class EngineConfig:
         False, "let one tenant's requests reuse prefixes another tenant's put in the cache (by default "
         "each tenant, and each cache_salt, has a namespace of its own: another tenant can never "
         "time whether a prompt is cached); cache_salt still separates requests")
+    retention_ttl_s: float = setting(30.0, "how long a DSL program run's prefixes are kept after its "
+                                     "latest request (pinned: evicted after unpinned ones; released "
+                                     "when the run ends)")
+    retention_max_ttl_s: float = setting(600.0, "cap on a request's retention TTL in seconds (an HTTP "
+                                         "retention hint above it is refused with a 400)")
+    retention_max_pages: int | None = setting(
+        None, "KV pages one owner (a tenant, or a DSL run) may keep pinned by retention; a pin past "
+        "it is refused and logged (default: a quarter of the KV pool)")
     schedule_policy: SchedulePolicy = setting("lpm", "order of the waiting queue: 'lpm' (longest "
                                               "cached prefix first) or 'fcfs'")
     lpm_max_overtakes: int | None = setting(
@@ -136,7 +144,7 @@ class EngineConfig:
 
         for name in ("max_model_len", "page_size", "num_pages", "max_running_requests",
                      "max_prefill_tokens", "chunked_prefill_size", "num_threads", "tensor_parallel_size",
-                     "nnodes", "grammar_max_bytes", "lpm_max_overtakes"):
+                     "nnodes", "grammar_max_bytes", "lpm_max_overtakes", "retention_max_pages"):
             positive(name)
         self._check_distributed()
         if self.decode_reserve_tokens < 0:
@@ -155,6 +163,9 @@ class EngineConfig:
             raise InvalidRequestError(f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}")
         if not 1 <= self.schema_max_depth <= MAX_SCHEMA_DEPTH:
             raise InvalidRequestError(f"schema_max_depth must be in [1, {MAX_SCHEMA_DEPTH}], got {self.schema_max_depth!r}")
+        if not 0 < self.retention_ttl_s <= self.retention_max_ttl_s:
+            raise InvalidRequestError(f"retention_ttl_s must be in (0, retention_max_ttl_s={self.retention_max_ttl_s}], "
+                                      f"got {self.retention_ttl_s!r}")
         if not self.grammar_timeout_s > 0:
             raise InvalidRequestError(f"grammar_timeout_s must be > 0, got {self.grammar_timeout_s!r}")
         if self.spec_fixed_cost_rows is not None and not self.spec_fixed_cost_rows > 0:

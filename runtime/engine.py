@@ -80,7 +80,8 @@ class Engine:
         self.pool = PagePool(num_pages, cfg.page_size)
         self.kv = KVCache(args.num_layers, num_pages, cfg.page_size, args.num_kv_heads,
                           args.head_dim, loaded.kv_dtype, self.device)
-        self.cache: PrefixCache = NoPrefixCache(self.pool) if cfg.disable_prefix_cache else RadixTree(self.pool)
+        self.cache: PrefixCache = (NoPrefixCache(self.pool) if cfg.disable_prefix_cache
+                                   else RadixTree(self.pool, cfg.retention_max_pages))
         assert cfg.chunked_prefill_size is not None and cfg.spec_fixed_cost_rows is not None
         self.cost_model = StepCostModel()  # step times, learnt online (speculation gate)
         self.scheduler = Scheduler(self.pool, self.cache, make_policy(cfg.schedule_policy, cfg.fair_scheduling,
@@ -178,6 +179,9 @@ class Engine:
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from None
         namespace = cache_namespace(tenant, salt, self.config.share_prefix_cache_across_tenants)
+        if (retention := params.retention) is not None and retention.ttl_s > self.config.retention_max_ttl_s:
+            raise InvalidRequestError(f"retention ttl_s is {retention.ttl_s:g}; this engine keeps prefixes "
+                                      f"at most {self.config.retention_max_ttl_s:g} s (retention_max_ttl_s)")
         rid = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         request = Request(rid, ids, params, tenant=tenant, priority=priority, cache_namespace=namespace)
         self._core.submit(request, callback, self._start_grammar(params))
@@ -355,6 +359,11 @@ class Engine:
             raise PromptTooLongError(f"{len(ids)} tokens to score; max_model_len is {self.max_model_len}")
         with self._core.between_steps():
             return on_own_thread(lambda: self._scorer.logits(ids))
+
+    def end_session(self, session_id: str) -> None:
+        """A retention session ended (a DSL run, an HTTP caller's session): its pinned
+        prefixes are released on the engine's next step (``runtime/cache/retention.py``)."""
+        self._core.release_session(session_id)
 
     def flush_cache(self) -> int:
         """Evict every unlocked page of the prefix cache (SGLang's ``/flush_cache``); the

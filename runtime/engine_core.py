@@ -133,6 +133,10 @@ class EngineCore:
         """Cancel a request; its pages are released on the next step."""
         self._post("abort", request_id)
 
+    def release_session(self, session_id: str) -> None:
+        """Unpin a retention session's prefixes on the next step."""
+        self._post("release", session_id)
+
     def _post(self, kind: str, request_id: str) -> None:
         with self._cv:
             self._inbox.append((kind, request_id))
@@ -227,6 +231,8 @@ class EngineCore:
                 self._grammar_ready(value)
             elif kind == "abort" and (req := self._find(str(value))) is not None:
                 self.outputs.finish(req, "abort")
+            elif kind == "release":
+                self.scheduler.cache.release(str(value))
         self._settle()
 
     def _find(self, rid: str) -> Request | None:
@@ -254,11 +260,13 @@ class EngineCore:
         with sched.pool.lock:  # whole page moves only (see PagePool)
             free, evictable = sched.pool.num_free_pages, sched.cache.num_evictable_pages
             cached = evictable + sched.cache.num_locked_pages
+            retained = sched.cache.num_retained_pages
         s = sched.stats
         return {
             "num_running": len(sched.running), "num_waiting": len(sched.waiting),
             "kv_pages_used": total - free - evictable, "kv_pages_total": total,
-            "kv_pages_free": free, "kv_pages_cached": cached,
+            "kv_pages_free": free, "kv_pages_cached": cached, "kv_pages_retained": retained,
+            "retention_pins_refused": sched.cache.num_refused_pins,
             "cache_hit_rate": s.cache_hit_rate, "prompt_tokens": s.prompt_tokens,
             "cached_prompt_tokens": s.cached_prompt_tokens, "prefill_tokens": s.prefill_tokens,
             "decode_tokens": s.decode_tokens, "num_retractions": s.num_retractions,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from runtime.cache.namespace import Namespace
 from runtime.cache.page_pool import PagePool
 from runtime.cache.prefix_cache import EMPTY_MATCH, PrefixCache, PrefixMatch
+from runtime.cache.retention import Retention
 
 
 class NoPrefixCache(PrefixCache):
@@ -31,6 +32,20 @@ class NoPrefixCache(PrefixCache):
         self, token_ids: list[int], pages: list[int], match: PrefixMatch, namespace: Namespace = None
     ) -> tuple[PrefixMatch, list[int]]:
         return match, pages
+
+    def retain(self, retention: Retention, token_ids: list[int], namespace: Namespace = None) -> bool:
+        return False
+
+    def release(self, session_id: str) -> int:
+        return 0
+
+    @property
+    def num_retained_pages(self) -> int:
+        return 0
+
+    @property
+    def num_refused_pins(self) -> int:
+        return 0
 
     def evict(self, num_pages: int) -> int:
         return 0

@@ -15,6 +15,7 @@ default).
 
 Locking: ``lock(node)`` increments a reference count on the node and every ancestor;
 only nodes with count 0 can be evicted, leaves first, least recently used first.
+Retention pins (``retention.py``) are soft: pinned pages stay evictable, but go last.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.cache.namespace import Namespace
+from runtime.cache.retention import Retention
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,29 @@ class PrefixCache(ABC):
         """
 
     @abstractmethod
+    def retain(self, retention: Retention, token_ids: list[int], namespace: Namespace = None) -> bool:
+        """Pin the cached prefix of ``token_ids`` (in ``namespace``) for ``retention``'s
+        session (a request of it finished); its previous pins that this one extends are replaced. Returns
+        False when nothing was pinned (nothing cached, or the owner's budget is spent)."""
+
+    @abstractmethod
+    def release(self, session_id: str) -> int:
+        """The session ended: unpin its prefixes at once. Returns the pages it pinned."""
+
+    @property
+    @abstractmethod
+    def num_retained_pages(self) -> int:
+        """Cached pages pinned by retention (evictable, but last)."""
+
+    @property
+    @abstractmethod
+    def num_refused_pins(self) -> int:
+        """Pins ``retain`` refused because their owner's budget was spent."""
+
+    @abstractmethod
     def evict(self, num_pages: int) -> int:
-        """Free up to ``num_pages`` unlocked pages to the pool, LRU leaves first."""
+        """Free up to ``num_pages`` unlocked pages to the pool: ended sessions' leaves
+        first, then LRU leaves, then pinned sessions (retention.py)."""
 
     @property
     @abstractmethod

@@ -20,6 +20,12 @@ and evictions change them, and a heap orders them by last access. A touch (a mat
 insert passing through) pushes a fresh heap entry instead of updating the old one; entries
 whose node has left the set or been touched since are skipped when popped, and the heap
 is rebuilt from the set when stale entries outnumber live ones.
+
+Retention (``runtime/cache/retention.py``) pins prefixes for sessions: ``pin_ref`` runs
+along the root path like ``lock_ref``, and a pinned node is never in the evictable-leaf
+set. Its pages still count as evictable: ``evict`` releases whole sessions (earliest
+deadline first) once no unpinned leaf is left, and an ended session's nodes are demoted
+to the front of the LRU order.
 """
 
 from __future__ import annotations
@@ -27,12 +33,14 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from runtime.cache.namespace import Namespace
 from runtime.cache.page_pool import PagePool
 from runtime.cache.prefix_cache import EMPTY_MATCH, PrefixCache, PrefixMatch
+from runtime.cache.retention import RetainedSession, Retention, RetentionTable
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -49,7 +57,7 @@ def _whole_move(method: F) -> F:
 
 
 class _Node:
-    __slots__ = ("key", "pages", "children", "parent", "lock_ref", "last_access")
+    __slots__ = ("key", "pages", "children", "parent", "lock_ref", "last_access", "pin_ref")
 
     def __init__(self, key: tuple[int, ...], pages: list[int], parent: _Node | None) -> None:
         self.key = key  # edge tokens, len == len(pages) * page_size
@@ -58,10 +66,18 @@ class _Node:
         self.parent = parent
         self.lock_ref = 0  # requests using this node or a descendant
         self.last_access = 0  # logical clock, for LRU eviction
+        self.pin_ref = 0  # retention pins on this node or a descendant (retention.py)
 
 
 class RadixTree(PrefixCache):
-    def __init__(self, pool: PagePool) -> None:
+    """Args:
+        retention_max_pages: each retention owner's pin budget in pages (None: a quarter
+            of the pool).
+        clock: seconds, for retention deadlines.
+    """
+
+    def __init__(self, pool: PagePool, retention_max_pages: int | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.pool = pool
         self.page_size = pool.page_size
         self.root = _Node((), [], None)
@@ -75,6 +91,9 @@ class RadixTree(PrefixCache):
         self._leaves: set[_Node] = set()  # evictable leaves: unlocked, childless, not the root
         self._heap: list[tuple[int, int, _Node]] = []  # (last_access, push order, node)
         self._pushes = itertools.count()
+        self.retention = RetentionTable(clock)
+        self.retention_max_pages = retention_max_pages or max(1, pool.num_usable_pages // 4)
+        self._retained = 0  # pages of pinned nodes
 
     # ---- lookup -------------------------------------------------------------------------
     def match_prefix(self, token_ids: list[int], namespace: Namespace = None) -> PrefixMatch:
@@ -113,7 +132,7 @@ class RadixTree(PrefixCache):
         ps, parent = self.page_size, child.parent
         assert parent is not None and 0 < n < len(child.key) and n % ps == 0
         upper = _Node(child.key[:n], child.pages[: n // ps], parent)
-        upper.lock_ref, upper.last_access = child.lock_ref, child.last_access
+        upper.lock_ref, upper.last_access, upper.pin_ref = child.lock_ref, child.last_access, child.pin_ref
         child.key, child.pages, child.parent = child.key[n:], child.pages[n // ps :], upper
         upper.children[child.key[:ps]] = child
         parent.children[upper.key[:ps]] = upper
@@ -207,11 +226,104 @@ class RadixTree(PrefixCache):
         self.unlock(match)
         return new_match, new_match.pages + pages[aligned // ps :]
 
+    # ---- retention ----------------------------------------------------------------------
+    @_whole_move
+    def retain(self, retention: Retention, token_ids: list[int], namespace: Namespace = None) -> bool:
+        node = self.match_prefix(token_ids, namespace).node
+        session = self.retention.session(retention)
+        if session is None:  # it ended
+            return False
+        for stale in self.retention.expired(retention.owner):
+            if stale is not session:
+                self._drop(stale)
+        if node is None:
+            return False
+        # Pins this one extends (an agent's previous turn) are covered by it: replaced.
+        kept = [p for p in session.pins if not self._is_ancestor(p, node)]
+        if not any(self._is_ancestor(node, p) for p in kept):
+            others = [p for s in self.retention.of_owner(retention.owner) if s is not session for p in s.pins]
+            pages = self._path_pages([*others, *kept, node])
+            if pages > self.retention_max_pages:
+                self.retention.refuse(session, pages, self.retention_max_pages)
+                return False
+            self._pin_path(node, +1)
+            kept.append(node)
+        for p in session.pins:
+            if p not in kept:
+                self._pin_path(p, -1)
+        session.pins = kept
+        return True
+
+    @_whole_move
+    def release(self, session_id: str) -> int:
+        session = self.retention.end(session_id)
+        if session is None:
+            return 0
+        before = self._retained
+        self._drop(session)
+        return before - self._retained
+
+    def _drop(self, session: RetainedSession) -> None:
+        """Unpin every prefix of ``session``; what it alone held goes first on eviction."""
+        self.retention.pop(session.session_id)
+        for node in session.pins:
+            self._pin_path(node, -1, demote=True)
+
+    def _pin_path(self, node: _Node, delta: int, demote: bool = False) -> None:
+        """Add ``delta`` pins along ``node``'s root path; nodes left unpinned are put back
+        among the evictable leaves (first in line with ``demote``: an ended session's)."""
+        while node.parent is not None:  # up to its namespace's root
+            node.pin_ref += delta
+            assert node.pin_ref >= 0, "unpin without pin"
+            if node.pin_ref == delta > 0:
+                self._retained += len(node.pages)
+                self._leaves.discard(node)
+            elif node.pin_ref == 0:
+                self._retained -= len(node.pages)
+                if demote:
+                    node.last_access = 0
+                self._refresh(node)
+            assert node.parent is not None
+            node = node.parent
+
+    def _is_ancestor(self, upper: _Node, lower: _Node) -> bool:
+        """Whether ``upper`` is ``lower`` or on its root path."""
+        node: _Node | None = lower
+        while node is not None and node is not upper:
+            node = node.parent
+        return node is upper
+
+    def _path_pages(self, nodes: list[_Node]) -> int:
+        """Pages on the union of the root paths of ``nodes``."""
+        seen: set[int] = set()
+        total = 0
+        for node in nodes:
+            while node.parent is not None and id(node) not in seen:
+                seen.add(id(node))
+                total += len(node.pages)
+                assert node.parent is not None
+                node = node.parent
+        return total
+
+    @property
+    def num_retained_pages(self) -> int:
+        return self._retained
+
+    @property
+    def num_refused_pins(self) -> int:
+        return self.retention.num_refused
+
     # ---- eviction -----------------------------------------------------------------------
     @_whole_move
     def evict(self, num_pages: int) -> int:
         freed = 0
-        while freed < num_pages and self._leaves:
+        while freed < num_pages:
+            if not self._leaves:
+                victim = self.retention.next_victim()  # NOTE: pins go only when nothing else can
+                if victim is None:
+                    break
+                self._drop(victim)
+                continue
             access, _, leaf = heapq.heappop(self._heap)
             if leaf not in self._leaves or leaf.last_access != access:
                 continue  # stale: evicted, locked, grown a child or touched since the push
@@ -229,7 +341,7 @@ class RadixTree(PrefixCache):
 
     def _refresh(self, node: _Node) -> None:
         """Put ``node`` in or out of the evictable leaves after its lock or children changed."""
-        if node.parent is not None and node.lock_ref == 0 and not node.children:
+        if node.parent is not None and node.lock_ref == 0 and node.pin_ref == 0 and not node.children:
             if node not in self._leaves:
                 self._leaves.add(node)
                 self._push(node)
@@ -280,7 +392,8 @@ class RadixTree(PrefixCache):
                 evictable += len(node.pages)
             else:
                 locked += len(node.pages)
-        leaves = {n for n in self._nodes() if n.parent is not None and n.lock_ref == 0 and not n.children}
+        leaves = {n for n in self._nodes()
+                  if n.parent is not None and n.lock_ref == 0 and n.pin_ref == 0 and not n.children}
         assert leaves == self._leaves, "the evictable-leaf set drifted from the tree"
         live = {n for access, _, n in self._heap if n in leaves and n.last_access == access}
         assert live == leaves, "an evictable leaf has no current heap entry"
@@ -290,3 +403,19 @@ class RadixTree(PrefixCache):
         assert {self._roots[ns]: ns for ns in self._roots} == self._namespace_of, "namespace roots drifted"
         pages = self.cached_pages()
         assert len(pages) == len(set(pages)), "a page is cached twice"
+        self._check_pins()
+
+    def _check_pins(self) -> None:
+        """Pin counts equal the sessions' pins on each root path; the retained counter agrees."""
+        expected: dict[int, int] = {}
+        for session in self.retention.sessions.values():
+            for pin in session.pins:
+                node: _Node | None = pin
+                while node is not None and node.parent is not None:
+                    expected[id(node)] = expected.get(id(node), 0) + 1
+                    node = node.parent
+        nodes = [n for n in self._nodes() if n.parent is not None]
+        for node in nodes:
+            assert node.pin_ref == expected.pop(id(node), 0), "a node's pin count drifted from the sessions"
+        assert not expected, "a session pins a node that left the tree"
+        assert self._retained == sum(len(n.pages) for n in nodes if n.pin_ref), "retained pages miscounted"

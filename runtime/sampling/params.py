@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.cache.retention import MAX_SESSION_ID_LEN, Retention
 from runtime.errors import InvalidRequestError
 
 
@@ -47,6 +48,9 @@ class SamplingParams:
     # itl_slo); None: the engine's. They size prefill budgets (docs/serving-slo.md).
     ttft_slo: float | None = None
     itl_slo: float | None = None
+    # Keep what this request computes for its session's next request (a DSL run, an HTTP
+    # session): runtime/cache/retention.py. Never changes the output; the engine caps the TTL.
+    retention: Retention | None = None
 
     def __post_init__(self) -> None:
         # Accept lists for convenience but store tuples (frozen, hashable).
@@ -105,6 +109,8 @@ class SamplingParams:
                 raise bad(f"{name} must be a number of seconds > 0, got {value!r}")
         if not self.repetition_penalty > 0.0:
             raise bad(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty!r}")
+        if self.retention is not None:
+            _check_retention(self.retention)
 
     @property
     def penalized(self) -> bool:
@@ -114,3 +120,15 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def _check_retention(retention: Any) -> None:
+    if not isinstance(retention, Retention):
+        raise InvalidRequestError(f"retention must be a Retention, got {type(retention).__name__}")
+    sid = retention.session_id
+    if not isinstance(sid, str) or not 0 < len(sid) <= MAX_SESSION_ID_LEN:
+        raise InvalidRequestError(f"retention session_id must be a string of 1 to {MAX_SESSION_ID_LEN} "
+                                  f"characters, got {sid!r:.80}")
+    ttl = retention.ttl_s
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl < float("inf"):
+        raise InvalidRequestError(f"retention ttl_s must be a number of seconds > 0, got {ttl!r}")

@@ -342,8 +342,11 @@ class Scheduler:
     def finish(self, request: Request, aborted: bool = False) -> None:
         """Finish a running or waiting request and release its pages."""
         if request.status == RequestStatus.RUNNING:
+            computed = request.all_ids[: request.num_computed]
             self._release(request)
             self.running.remove(request)
+            if (retention := request.params.retention) is not None and not aborted:
+                self.cache.retain(retention, computed, request.cache_namespace)  # NOTE: after the release inserted it
         elif request.status == RequestStatus.WAITING:
             self.waiting.remove(request)
         request.status = RequestStatus.FINISHED

@@ -178,6 +178,10 @@ class _EngineCollector(Collector):
             "arbor_spec_forced_tokens": ("Grammar-forced tokens (total)", m.get("spec_forced_tokens")),
             "arbor_num_retractions": ("Requests retracted for lack of KV pages (total)",
                                       m.get("num_retractions")),
+            "arbor_kv_pages_retained": ("KV pages pinned for live program runs and sessions",
+                                        m.get("kv_pages_retained")),
+            "arbor_retention_pins_refused": ("Retention pins refused for an owner's page budget (total)",
+                                             m.get("retention_pins_refused")),
         }
         gauges.update({f"arbor_server_{k}": (f"Server {k.replace('_', ' ')}", v)
                        for k, v in self.gate_state().items()})

@@ -18,6 +18,7 @@ from runtime.server.api.constraint_fields import CONSTRAINT_FIELDS, constraint_f
 from runtime.server.api.fields import check_fields
 from runtime.server.errors import raise_if_failed, stream_error_event
 from runtime.server.protocol import ResponseFormat, SamplingExtras, Usage
+from runtime.server.retention import retention_of
 from runtime.server.serving import (
     EngineStream,
     ServerContext,
@@ -68,7 +69,8 @@ class Endpoint:
             stop_regex=stop_regex, min_tokens=b.min_tokens,
             frequency_penalty=b.frequency_penalty, presence_penalty=b.presence_penalty,
             repetition_penalty=b.repetition_penalty,
-            logprobs=logprobs, top_logprobs=top_logprobs, constraint=constraint)
+            logprobs=logprobs, top_logprobs=top_logprobs, constraint=constraint,
+            retention=retention_of(b.retention, self.caller.tenant, engine.config))
 
     def group(self, jobs: list[Job]) -> StreamGroup:
         return StreamGroup(self.ctx, self.name, jobs, self.ctx.limits.deadline(self.body.timeout),

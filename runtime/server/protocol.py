@@ -216,6 +216,13 @@ class ProgramResult(BaseModel):
 # ---- OpenAI-compatible -------------------------------------------------------------------
 
 
+class RetentionHint(Strict):
+    """Keep this request's prefix cached for the session's next request (docs/retention.md)."""
+
+    session_id: str  # the caller's session; namespaced by tenant on the server
+    ttl_s: float  # seconds to keep it after this request; the server caps it (a 400 above)
+
+
 class StreamOptions(Lenient):
     include_usage: bool = False
 
@@ -259,6 +266,7 @@ class SamplingExtras(Lenient):
     structured_outputs: dict[str, Any] | None = None  # vLLM >= 0.10
     timeout: float | None = Field(default=None, gt=0)
     json_bounds: bool = True  # false: no bounds on number literals in JSON outputs
+    retention: RetentionHint | None = None  # Arbor: keep the conversation for the next turn
 
 
 class JsonSchemaFormat(Lenient):

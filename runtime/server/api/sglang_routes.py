@@ -36,6 +36,7 @@ from runtime.server.api.fields import check_fields
 from runtime.server.errors import raise_if_failed, stream_error_event
 from runtime.server.openai_common import _merge
 from runtime.server.protocol import CachedTokensDetails, GenerateMeta
+from runtime.server.retention import retention_of
 from runtime.server.serving import (
     EngineStream,
     ServerContext,
@@ -46,7 +47,7 @@ from runtime.server.serving import (
     until_disconnect,
 )
 from runtime.server.sse import SSE_DONE, EventStreamResponse, sse
-from runtime.server.tenants import caller_of
+from runtime.server.tenants import Caller, caller_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,9 +66,10 @@ class GeneratePlan:
     """A ``/generate`` request translated into engine requests (SGLang's order: for ``n``
     samples of a batch, sample ``j`` of prompt ``i`` is answer ``j * batch + i``)."""
 
-    def __init__(self, ctx: ServerContext, body: schema.SglGenerateRequest) -> None:
+    def __init__(self, ctx: ServerContext, body: schema.SglGenerateRequest, caller: Caller) -> None:
         self.ctx = ctx
         self.body = body
+        self.caller = caller
         self.headers = _check_fields(body, ctx.limits.unknown_fields)
         prompts = self._prompts()
         sps = body.sampling_params if isinstance(body.sampling_params, list) else [body.sampling_params]
@@ -133,7 +135,8 @@ class GeneratePlan:
             top_logprobs=max(sp.top_logprobs, top if return_logprob else 0),
             prompt_logprobs=prompt_logprobs, logprob_start_len=lp_start,
             skip_special_tokens=sp.skip_special_tokens, speculation=sp.speculation,
-            ttft_slo=sp.ttft_slo, itl_slo=sp.itl_slo, constraint=_constraint(sp))
+            ttft_slo=sp.ttft_slo, itl_slo=sp.itl_slo, constraint=_constraint(sp),
+            retention=retention_of(self.body.retention, self.caller.tenant, engine.config))
         rid = _at(self.body.rid, i) if self.body.rid is not None else None
         return Job(ids, params, return_logprob, input_start, top if return_logprob else 0, rid)
 
@@ -195,10 +198,10 @@ def build_router(ctx: ServerContext) -> APIRouter:
 
     @router.post("/generate", response_model=None)
     async def generate(body: schema.SglGenerateRequest, request: Request) -> JSONResponse | EventStreamResponse:
-        plan = GeneratePlan(ctx, body)
+        caller = caller_of(request.headers, cache_salt=body.cache_salt)
+        plan = GeneratePlan(ctx, body, caller)
         group = StreamGroup(ctx, "generate", [(j.input_ids, j.params) for j in plan.jobs],
-                            ctx.limits.deadline(body.timeout),
-                            caller_of(request.headers, cache_salt=body.cache_salt))
+                            ctx.limits.deadline(body.timeout), caller)
         if body.stream:
             streams = await group.open()  # 4xx/429/503 before the first byte
             response = EventStreamResponse(_events(ctx, plan, streams), group.close)

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from pydantic import ConfigDict, Field, model_validator
 
 from runtime.server.api.fields import RefusedFields, WireModel, is_empty, is_false
-from runtime.server.protocol import ConstraintSpec
+from runtime.server.protocol import ConstraintSpec, RetentionHint
 
 
 class SglSamplingParams(WireModel):
@@ -74,6 +74,7 @@ class SglGenerateRequest(WireModel):
     rid: str | list[str] | None = None  # echoed as meta_info.id
     cache_salt: Any = None  # vLLM's prefix-cache namespace; checked by tenants.caller_of (400)
     timeout: float | None = Field(default=None, gt=0, description="seconds; the server's limit caps it")
+    retention: RetentionHint | None = None  # Arbor: keep the prefix for the session's next request
 
     @model_validator(mode="after")
     def _one_prompt(self) -> SglGenerateRequest:
