@@ -271,7 +271,10 @@ class RadixTree(PrefixCache):
 
     def _pin_path(self, node: _Node, delta: int, demote: bool = False) -> None:
         """Add ``delta`` pins along ``node``'s root path; nodes left unpinned are put back
-        among the evictable leaves (first in line with ``demote``: an ended session's)."""
+        among the evictable leaves. With ``demote`` (its session ended) the pinned node
+        itself goes first in line; its ancestors keep their recency, since other requests
+        (a shared system prompt's) may use them."""
+        pinned = node
         while node.parent is not None:  # up to its namespace's root
             node.pin_ref += delta
             assert node.pin_ref >= 0, "unpin without pin"
@@ -280,7 +283,7 @@ class RadixTree(PrefixCache):
                 self._leaves.discard(node)
             elif node.pin_ref == 0:
                 self._retained -= len(node.pages)
-                if demote:
+                if demote and node is pinned:
                     node.last_access = 0
                 self._refresh(node)
             assert node.parent is not None

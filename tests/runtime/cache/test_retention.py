@@ -167,3 +167,16 @@ def test_a_pin_holds_its_own_namespace_prefix() -> None:
     assert tree.evict(3) == 3
     assert tree.match_prefix([1, 2, 3], ns).num_tokens == 0
     tree.check_integrity()
+
+
+def test_an_ended_session_demotes_its_own_tail_not_a_shared_ancestor() -> None:
+    pool, tree, _ = make()
+    insert(pool, tree, [1, 2, 3, 4])  # the run's state: shared prefix [1 2], its own tail [3 4]
+    tree.retain(hint("run"), [1, 2, 3, 4])
+    insert(pool, tree, [7, 8])  # plain LRU, older than the shared prefix's next use
+    insert(pool, tree, [1, 2])  # another request uses the shared prefix, after [7 8]
+    tree.release("run")
+    assert tree.evict(2) == 2  # the ended run's own tail first
+    assert tree.evict(2) == 2  # then plain LRU: [7 8], not the recently used [1 2]
+    assert (cached(tree, [7, 8]), cached(tree, [1, 2, 3, 4])) == (0, 2)
+    tree.check_integrity()
