@@ -15,6 +15,12 @@ and evictions change them, and a heap orders them by last access. A touch (a mat
 insert passing through) pushes a fresh heap entry instead of updating the old one; entries
 whose node has left the set or been touched since are skipped when popped, and the heap
 is rebuilt from the set when stale entries outnumber live ones.
+
+``max_evictable_pages`` bounds what the tree keeps for finished requests: past it, the
+least recently used leaves are evicted as soon as an unlock makes them evictable, rather
+than only when the pool runs short. On the CPU the KV pool is touched lazily, so every
+cached page is resident memory; without a bound a steady load fills the whole pool with
+stale prefixes and the process's RSS grows by the pool's size (docs/memory.md).
 """
 
 from __future__ import annotations
@@ -55,8 +61,11 @@ class _Node:
 
 
 class RadixTree(PrefixCache):
-    def __init__(self, pool: PagePool) -> None:
+    def __init__(self, pool: PagePool, max_evictable_pages: int | None = None) -> None:
+        if max_evictable_pages is not None and max_evictable_pages < 0:
+            raise ValueError(f"max_evictable_pages must be >= 0 or None, got {max_evictable_pages}")
         self.pool = pool
+        self.max_evictable_pages = max_evictable_pages  # None: the pool is the bound
         self.page_size = pool.page_size
         self.root = _Node((), [], None)
         self.root.lock_ref = 1  # the root is never evicted
@@ -130,6 +139,8 @@ class RadixTree(PrefixCache):
                 self._locked -= len(node.pages)
                 self._refresh(node)
             node = node.parent
+        if self.max_evictable_pages is not None and self._evictable > self.max_evictable_pages:
+            self.evict(self._evictable - self.max_evictable_pages)
 
     def num_unlocked_pages(self, match: PrefixMatch) -> int:
         node, count = match.node, 0
