@@ -4,7 +4,10 @@ resident memory under a steady load (docs/memory.md)."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,3 +54,17 @@ def test_a_steady_load_touches_only_the_bound_plus_the_working_set(tiny_llama_di
 def test_prefix_cache_max_pages_is_validated() -> None:
     with pytest.raises(InvalidRequestError, match="prefix_cache_max_pages must be an integer >= 0"):
         Engine(model="default", prefix_cache_max_pages=-1)
+
+
+def test_loading_a_model_imports_neither_dynamo_nor_triton(tiny_llama_dir: Path) -> None:
+    """The meta-device model build stays off torch's reference ops, which import
+    torch._dynamo and Triton: resident memory and start-up time a CPU engine never uses."""
+    code = ("import sys; from runtime import Engine; "
+            f"e = Engine(model={str(tiny_llama_dir)!r}, num_pages=64, num_threads=1); "
+            "e.generate(['hello'], None); e.close(); "
+            "print(sorted(m for m in ('torch._dynamo', 'triton') if m in sys.modules))")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(root)}, cwd=root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
