@@ -56,6 +56,7 @@ REPO = Path(__file__).resolve().parent.parent
 PROGRAMS = Path(__file__).resolve().parent / "soak_programs.py"
 WORDS = ["river", "stone", "cloud", "paper", "garden", "silver", "window", "orange", "music", "forest", "letter", "bridge"]
 MODEL = "soak"
+RETRY_BACKOFF_S = 1.0
 LIMITS = {"--max-inflight": 24, "--max-waiting": 48, "--max-tokens-limit": 64, "--max-prompt-tokens": 300,
           "--request-timeout": 60, "--tenant-max-concurrent": 16, "--max-body-bytes": 256 * 1024}
 
@@ -215,6 +216,8 @@ async def one(load: Load, kind: str, fn: Callable[[], Awaitable[tuple[str, str]]
         klass, detail = "lost", f"{type(exc).__name__}: {exc}"
     now = time.monotonic()
     tally.add(Outcome(kind, klass, now - start, now, detail))
+    if detail.startswith(("429", "503")):  # a client that honours Retry-After: this slot backs off
+        await asyncio.sleep(RETRY_BACKOFF_S)
 
 
 # ---- the run -------------------------------------------------------------------------------
@@ -233,7 +236,7 @@ def start_server(model: str, extra: list[str]) -> tuple[subprocess.Popen[bytes],
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 900  # NOTE: a shared, loaded machine starts it slowly
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")

@@ -21,6 +21,7 @@ SchedulePolicy = Literal["lpm", "fcfs"]
 KVCacheDtype = Literal["auto", "int8", "fp8"]
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 DEFAULT_MEM_FRACTION = 0.15  # of free memory, for the KV pool when neither size is given
+CPU_PREFIX_CACHE_BYTES = 256 * 2**20  # KV the prefix cache keeps on the CPU by default (docs/memory.md)
 
 
 def setting(default: Any, help: str) -> Any:
@@ -65,6 +66,12 @@ class EngineConfig:
     itl_slo: float | None = setting(
         None, "inter-token latency target in seconds: each step's prefill chunk is the largest whose "
         "predicted step time keeps running streams within it (down to --chunked-prefill-size)")
+    # NOTE: on the CPU the KV pool is allocated untouched and a written page is resident
+    # memory, so the cache's retained pages are RSS; on CUDA the pool is reserved up front.
+    prefix_cache_max_pages: int | None = setting(
+        None, "most KV pages the prefix cache keeps for finished requests; past it the least "
+        f"recently used are freed at once (default: {CPU_PREFIX_CACHE_BYTES // 2**20} MiB worth on the "
+        "CPU, where cached pages are resident memory; no bound but the pool on CUDA)")
     disable_prefix_cache: bool = setting(False, "use the do-nothing cache instead of the radix tree "
                                          "(the baseline for prefix-reuse measurements)")
     share_prefix_cache_across_tenants: bool = setting(
@@ -179,6 +186,10 @@ class EngineConfig:
                                       "met: a first token takes at least one step")
         if self.num_pages is not None and self.num_pages < 2:
             raise InvalidRequestError("num_pages must be >= 2 (page 0 is the padding page)")
+        if self.prefix_cache_max_pages is not None and not (
+                isinstance(self.prefix_cache_max_pages, int) and self.prefix_cache_max_pages >= 0):
+            raise InvalidRequestError(f"prefix_cache_max_pages must be an integer >= 0, got "
+                                      f"{self.prefix_cache_max_pages!r}")
 
     def _check_distributed(self) -> None:
         if self.tensor_parallel_size > 1 and self.weights not in ("fp32", "auto"):

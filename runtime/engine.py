@@ -31,7 +31,13 @@ from runtime.config import EngineConfig
 from runtime.constrained import CheckedGrammar, GrammarCompiler
 from runtime.distributed.tensor_parallel import BroadcastingRunner, LeaderGroup, with_rendezvous
 from runtime.engine_core import EngineCore, StepHook
-from runtime.engine_setup import freeze_gc, fused_decode, load_engine_model, on_own_thread
+from runtime.engine_setup import (
+    freeze_gc,
+    fused_decode,
+    load_engine_model,
+    on_own_thread,
+    prefix_cache_max_pages,
+)
 from runtime.errors import EngineFailedError, InvalidRequestError, PromptTooLongError, check_unicode
 from runtime.model.kv_cache import KVCache
 from runtime.model.loader import eos_token_ids
@@ -80,8 +86,9 @@ class Engine:
         self.pool = PagePool(num_pages, cfg.page_size)
         self.kv = KVCache(args.num_layers, num_pages, cfg.page_size, args.num_kv_heads,
                           args.head_dim, loaded.kv_dtype, self.device)
-        self.cache: PrefixCache = (NoPrefixCache(self.pool) if cfg.disable_prefix_cache
-                                   else RadixTree(self.pool, cfg.retention_max_pages))
+        self.cache: PrefixCache = NoPrefixCache(self.pool) if cfg.disable_prefix_cache else RadixTree(
+            self.pool, prefix_cache_max_pages(cfg, self.device, loaded.memory.kv_bytes_per_token),
+            retention_max_pages=cfg.retention_max_pages)
         assert cfg.chunked_prefill_size is not None and cfg.spec_fixed_cost_rows is not None
         self.cost_model = StepCostModel()  # step times, learnt online (speculation gate)
         self.scheduler = Scheduler(self.pool, self.cache, make_policy(cfg.schedule_policy, cfg.fair_scheduling,

@@ -20,7 +20,7 @@ import kernels
 from kernels import UnsupportedDecodeModel, onednn
 from kernels.cpu import NativeBuildError
 from runtime import env
-from runtime.config import DEFAULT_MEM_FRACTION, EngineConfig
+from runtime.config import CPU_PREFIX_CACHE_BYTES, DEFAULT_MEM_FRACTION, EngineConfig
 from runtime.errors import InvalidRequestError, ModelLoadError
 from runtime.model.fused_decode import FusedDecode
 from runtime.model.gguf_config import check_tensors
@@ -279,6 +279,15 @@ def load_engine_model(requested: EngineConfig, rank: int = 0) -> LoadedModel:
         return_freed_heap()
     return LoadedModel(cfg, device, dtype, kv_dtype, source, tokenizer, hf_config, model, num_pages, max_model_len,
                        weights, memory)
+
+
+def prefix_cache_max_pages(cfg: EngineConfig, device: torch.device, kv_bytes_per_token: int) -> int | None:
+    """The prefix cache's bound on kept pages: the setting, else on the CPU the pages
+    ``CPU_PREFIX_CACHE_BYTES`` hold (there the pool is touched lazily, so a cached page is
+    resident memory), else None (CUDA reserves the whole pool at start: caching is free)."""
+    if cfg.prefix_cache_max_pages is not None or device.type != "cpu":
+        return cfg.prefix_cache_max_pages
+    return max(1, CPU_PREFIX_CACHE_BYTES // (kv_bytes_per_token * cfg.page_size))
 
 
 def plan_memory(hf_config: dict[str, Any], weights: str, gguf: GGUFFile | None, kv_dtype: torch.dtype,

@@ -1,8 +1,12 @@
 """The page pool: which KV pages are free. Pages are handed out and taken back in pairs.
 
 Page 0 is the padding page and is never handed out, so a pool of ``num_pages`` holds
-``num_pages - 1`` usable pages. Free pages are handed out lowest id first (a FIFO of
-freed pages after that), which keeps page ids predictable in tests.
+``num_pages - 1`` usable pages. Free pages are handed out lowest id first, always (a heap),
+which keeps page ids predictable in tests and keeps the pool's resident memory at its
+high-water mark: on the CPU the KV tensors are allocated untouched (``torch.empty``), so
+a page costs resident memory only once written, and a freed low page is reused before an
+untouched high one. (A FIFO of freed pages would walk every page of the pool in turn and
+make all of it resident under any steady load; docs/memory.md.)
 
 Pages move only under the engine's step lock (in a step, or in ``close()``), but gauges
 (free, cached, used pages) are read from other threads. ``lock`` is held around every
@@ -13,8 +17,8 @@ off by a half-done insert or eviction.
 
 from __future__ import annotations
 
+import heapq
 import threading
-from collections import deque
 
 
 class OutOfPagesError(RuntimeError):
@@ -27,7 +31,7 @@ class PagePool:
             raise ValueError("a page pool needs at least 2 pages (page 0 is padding)")
         self.num_pages = num_pages
         self.page_size = page_size
-        self._free: deque[int] = deque(range(1, num_pages))
+        self._free: list[int] = list(range(1, num_pages))  # a heap (sorted is one)
         self._is_free = [False] + [True] * (num_pages - 1)
         self.lock = threading.RLock()
 
@@ -44,7 +48,7 @@ class PagePool:
         with self.lock:
             if num_pages > len(self._free):
                 raise OutOfPagesError(f"asked for {num_pages} pages, {len(self._free)} free")
-            pages = [self._free.popleft() for _ in range(num_pages)]
+            pages = [heapq.heappop(self._free) for _ in range(num_pages)]
             for page in pages:
                 self._is_free[page] = False
             return pages
@@ -56,10 +60,12 @@ class PagePool:
                 if page <= 0 or page >= self.num_pages or self._is_free[page]:
                     raise ValueError(f"double free or invalid page {page}")
                 self._is_free[page] = True
-                self._free.append(page)
+                heapq.heappush(self._free, page)
 
     def free_pages(self) -> list[int]:
-        return list(self._free)
+        """The free page ids, ascending (the order ``allocate`` hands them out)."""
+        with self.lock:
+            return sorted(self._free)
 
     def pages_for_tokens(self, num_tokens: int) -> int:
         """Pages needed to hold ``num_tokens`` tokens."""

@@ -24,8 +24,15 @@ is rebuilt from the set when stale entries outnumber live ones.
 Retention (``runtime/cache/retention.py``) pins prefixes for sessions: ``pin_ref`` runs
 along the root path like ``lock_ref``, and a pinned node is never in the evictable-leaf
 set. Its pages still count as evictable: ``evict`` releases whole sessions (earliest
-deadline first) once no unpinned leaf is left, and an ended session's nodes are demoted
-to the front of the LRU order.
+deadline first) once no unpinned leaf is left, and an ended session's pinned nodes (not
+their shared ancestors) are demoted to the front of the LRU order. The
+``max_evictable_pages`` bound below counts pinned pages too: past it, pins are soft.
+
+``max_evictable_pages`` bounds what the tree keeps for finished requests: past it, the
+least recently used leaves are evicted as soon as an unlock makes them evictable, rather
+than only when the pool runs short. On the CPU the KV pool is touched lazily, so every
+cached page is resident memory; without a bound a steady load fills the whole pool with
+stale prefixes and the process's RSS grows by the pool's size (docs/memory.md).
 """
 
 from __future__ import annotations
@@ -71,14 +78,20 @@ class _Node:
 
 class RadixTree(PrefixCache):
     """Args:
+        max_evictable_pages: what the tree keeps for finished requests, in pages (None: the
+            pool is the bound); past it, LRU leaves go as soon as they are unlocked.
         retention_max_pages: each retention owner's pin budget in pages (None: a quarter
             of the pool).
         clock: seconds, for retention deadlines.
     """
 
-    def __init__(self, pool: PagePool, retention_max_pages: int | None = None,
+    def __init__(self, pool: PagePool, max_evictable_pages: int | None = None,
+                 retention_max_pages: int | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        if max_evictable_pages is not None and max_evictable_pages < 0:
+            raise ValueError(f"max_evictable_pages must be >= 0 or None, got {max_evictable_pages}")
         self.pool = pool
+        self.max_evictable_pages = max_evictable_pages  # None: the pool is the bound
         self.page_size = pool.page_size
         self.root = _Node((), [], None)
         self.root.lock_ref = 1  # the root is never evicted
@@ -161,6 +174,8 @@ class RadixTree(PrefixCache):
                 self._locked -= len(node.pages)
                 self._refresh(node)
             node = node.parent
+        if self.max_evictable_pages is not None and self._evictable > self.max_evictable_pages:
+            self.evict(self._evictable - self.max_evictable_pages)
 
     def num_unlocked_pages(self, match: PrefixMatch) -> int:
         node, count = match.node, 0

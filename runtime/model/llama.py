@@ -150,8 +150,11 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, args: ModelArgs, max_positions: int) -> None:
         super().__init__()
         self.args = args
-        # nn.Embedding, or runtime.model.quant.QuantizedEmbedding
-        self.embed_tokens: nn.Module = nn.Embedding(args.vocab_size, args.hidden_size)
+        # nn.Embedding, or runtime.model.quant.QuantizedEmbedding. NOTE: the model is built
+        # on the meta device, then loaded; a given (empty) weight skips Embedding's random
+        # init, whose meta path imports torch._dynamo and Triton (docs/memory.md).
+        self.embed_tokens: nn.Module = nn.Embedding(
+            args.vocab_size, args.hidden_size, _weight=torch.empty(args.vocab_size, args.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(args, i) for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.rope = RotaryEmbedding(args.head_dim, max_positions, args.rope)

@@ -42,9 +42,13 @@ class RotaryEmbedding(torch.nn.Module):
 
     def __init__(self, head_dim: int, max_positions: int, rope: dict[str, Any]) -> None:
         super().__init__()
-        inv_freq = rope_inv_freq(head_dim, rope)
-        t = torch.arange(max_positions, dtype=torch.float32)
-        freqs = torch.outer(t, inv_freq)  # [P, D/2]
+        # NOTE: always real CPU tables, also inside a meta-device model build: there these
+        # ops would run torch's reference implementations, which import torch._dynamo and
+        # Triton (docs/memory.md); the module's .to(device) moves them.
+        with torch.device("cpu"):
+            inv_freq = rope_inv_freq(head_dim, rope)
+            t = torch.arange(max_positions, dtype=torch.float32)
+            freqs = torch.outer(t, inv_freq)  # [P, D/2]
         self.cos: torch.Tensor
         self.sin: torch.Tensor
         self.register_buffer("cos", freqs.cos(), persistent=False)

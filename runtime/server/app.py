@@ -51,7 +51,8 @@ def create_app(
     names = (model_name,) if isinstance(model_name, str) else tuple(model_name or (engine.config.model,))
     versions = VersionLabels(names[0], engine.config.version())
     metrics = ServerMetrics(engine.metrics, lambda: {"requests_inflight": gate.num_inflight,
-                                                     "requests_waiting_first_token": gate.num_waiting},
+                                                     "requests_waiting_first_token": gate.num_waiting,
+                                                     "expected_queue_wait_seconds": gate.expected_wait()},
                             versions.labels())
     ctx = ServerContext(engine, names[0], limits, gate, metrics, dict(programs or {}), names)
 

@@ -35,8 +35,12 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                        help="requests the engine holds at once; beyond, requests wait "
                             f"(default {defaults.max_inflight})")
     group.add_argument("--max-waiting", type=int, default=defaults.max_waiting,
-                       help="requests that may wait for a slot; beyond, 429 with Retry-After "
-                            f"(default {defaults.max_waiting})")
+                       help="admitted requests that may wait for their first token; beyond, 503 with "
+                            f"Retry-After (default {defaults.max_waiting})")
+    group.add_argument("--max-queue-wait", type=_seconds_or_none, default=defaults.max_queue_wait_s,
+                       help="a request that would wait longer than this many seconds for its first token, "
+                            "by the server's measured pace, is refused at once with 429 and Retry-After; "
+                            f"'none': no such bound (default {defaults.max_queue_wait_s:g})")
     group.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes,
                        help=f"largest request body accepted; beyond, 413 (default {defaults.max_body_bytes})")
     group.add_argument("--max-tokens-limit", type=int, default=defaults.max_tokens,
@@ -74,7 +78,18 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
                         tenant_max_concurrent=args.tenant_max_concurrent,
                         tenant_tokens_per_minute=args.tenant_tokens_per_minute,
                         shutdown_timeout_s=args.shutdown_timeout,
-                        unknown_fields=args.unknown_fields, body_timeout_s=args.body_timeout)
+                        unknown_fields=args.unknown_fields, body_timeout_s=args.body_timeout,
+                        max_queue_wait_s=args.max_queue_wait)
+
+
+def _seconds_or_none(text: str) -> float | None:
+    """A CLI value in seconds, or 'none'."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds or 'none', got {text!r}") from None
 
 
 def serve(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> int:

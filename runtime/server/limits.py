@@ -1,15 +1,19 @@
 """Server-side safety limits: body size, token caps, timeouts and the bounded queue.
 
 The server counts the requests it has in flight (admitted, not yet answered). Beyond
-``max_inflight`` a new request is refused with 429 at once; when too many admitted
-requests are still waiting for their first token (``max_waiting``: the engine is
-overloaded) or the engine is closing, the answer is 503. Nothing queues without bound.
+``max_inflight`` a new request is refused with 429 at once, and so is one that would wait
+longer than ``max_queue_wait_s`` for its first token by the server's measured pace
+(``queue_wait.QueueWaitEstimator``): past saturation the answer is a prompt 429 with
+``Retry-After``, not an admission that times out later. When too many admitted requests
+are still waiting for their first token (``max_waiting``, the bound while the pace is not
+yet known) or the engine is closing, the answer is 503. Nothing queues without bound.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +21,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runtime.errors import InvalidRequestError
+from runtime.server.queue_wait import QueueWaitEstimator
 from runtime.server.tenants import Caller, TenantLimiter, TenantLimitError
 
 ANONYMOUS = Caller()
@@ -46,6 +51,9 @@ class ServerLimits:
     # A request body not received whole within this many seconds of its headers is
     # answered 408 (a client that trickles or stalls its body holds no connection forever).
     body_timeout_s: float = 30.0
+    # A request that would wait longer than this for its first token, by the server's
+    # measured pace (queue_wait.py), is refused with 429 at once; None: no such bound.
+    max_queue_wait_s: float | None = 30.0
 
     def __post_init__(self) -> None:
         for name in ("max_inflight", "max_waiting", "max_body_bytes", "max_tokens",
@@ -62,7 +70,7 @@ class ServerLimits:
             raise InvalidRequestError(f"shutdown_timeout_s must be >= 0, got {self.shutdown_timeout_s!r}")
         if not self.body_timeout_s > 0:
             raise InvalidRequestError(f"body_timeout_s must be > 0, got {self.body_timeout_s!r}")
-        for name in ("request_timeout_s", "program_timeout_s"):
+        for name in ("request_timeout_s", "program_timeout_s", "max_queue_wait_s"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise InvalidRequestError(f"{name} must be > 0 or None, got {value!r}")
@@ -95,12 +103,29 @@ class AdmissionGate:
     Only touched from the server's event loop thread, so plain integers suffice.
     """
 
-    def __init__(self, limits: ServerLimits) -> None:
+    def __init__(self, limits: ServerLimits, queue_wait: QueueWaitEstimator | None = None) -> None:
         self.limits = limits
         self.num_inflight = 0
         self.num_waiting = 0
         self.closing = False
         self.tenants = TenantLimiter(limits.tenant_max_concurrent, limits.tenant_tokens_per_minute)
+        self.queue_wait = queue_wait or QueueWaitEstimator()
+
+    def expected_wait(self) -> float | None:
+        """Seconds a request admitted now would wait for its first token (None: not known yet)."""
+        return self.queue_wait.expected_wait(self.num_waiting)
+
+    def wait_started(self) -> None:
+        """An admitted engine request starts waiting for its first token."""
+        if self.num_waiting == 0:
+            self.queue_wait.queue_busy()
+        self.num_waiting += 1
+
+    def wait_ended(self, first_token: bool) -> None:
+        """It got its first token (``first_token``), or left without one (aborted, failed)."""
+        self.num_waiting -= 1
+        if first_token:
+            self.queue_wait.first_token()
 
     def admit(self, caller: Caller = ANONYMOUS, tokens: int = 0) -> None:
         """Take one in-flight slot (and ``tokens`` of the caller's tenant) or raise
@@ -113,6 +138,7 @@ class AdmissionGate:
         if self.num_inflight >= self.limits.max_inflight:
             raise Overloaded(429, f"too many requests in flight (limit {self.limits.max_inflight}); "
                                   "retry later")
+        self._check_queue_wait()
         try:
             self.tenants.acquire(caller.tenant, tokens)
         except TenantLimitError as exc:
@@ -122,6 +148,16 @@ class AdmissionGate:
     def release(self, caller: Caller = ANONYMOUS, unused_tokens: int = 0) -> None:
         self.num_inflight -= 1
         self.tenants.release(caller.tenant, unused_tokens)
+
+    def _check_queue_wait(self) -> None:
+        bound = self.limits.max_queue_wait_s
+        wait = self.expected_wait()
+        if bound is None or wait is None or wait <= bound:
+            return
+        # NOTE: Retry-After is when the queue ahead should have drained back under the bound.
+        raise Overloaded(429, f"the server is saturated: a new request would wait about {wait:.0f} s "
+                              f"for its first token (limit {bound:g} s); retry later",
+                         retry_after=float(max(1, math.ceil(wait - bound))))
 
 
 class BodyLimitMiddleware:

@@ -74,7 +74,7 @@ class ServerMetrics:
     """The metrics of one app. ``render()`` is the ``/metrics`` body."""
 
     def __init__(self, engine_metrics: Callable[[], dict[str, float]],
-                 gate_state: Callable[[], dict[str, int]],
+                 gate_state: Callable[[], dict[str, float | None]],
                  version_labels: dict[str, str] | None = None, max_tenant_labels: int = 16) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.version_labels = version_labels or {}  # on every sample (versions.py)
@@ -149,7 +149,7 @@ class _EngineCollector(Collector):
     """Gauges read from the engine and the admission gate at scrape time."""
 
     def __init__(self, engine_metrics: Callable[[], dict[str, float]],
-                 gate_state: Callable[[], dict[str, int]]) -> None:
+                 gate_state: Callable[[], dict[str, float | None]]) -> None:
         self.engine_metrics = engine_metrics
         self.gate_state = gate_state
 

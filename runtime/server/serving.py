@@ -199,14 +199,14 @@ class EngineStream:
                                     tenant=self.caller.tenant, priority=self.caller.priority,
                                     cache_salt=self.caller.cache_salt)
         self.submitted = True
-        self.ctx.gate.num_waiting += 1
+        self.ctx.gate.wait_started()
         self.ctx.metrics.prompt_tokens.inc(len(self.input_ids))
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         if self.last_token_at is None:
-            self.ctx.gate.num_waiting -= 1
+            self.ctx.gate.wait_ended(first_token=False)
             self.last_token_at = time.monotonic()  # counted once even if never started
         if not self.finished:
             self.ctx.engine.abort(self.request_id)
@@ -237,7 +237,7 @@ class EngineStream:
         num_new = len(out.delta_token_ids)
         self.num_generated += num_new
         if num_new and self.last_token_at is None:
-            self.ctx.gate.num_waiting -= 1
+            self.ctx.gate.wait_ended(first_token=True)
             self.last_token_at = time.monotonic()
         self.timer.observe(num_new, out.finished)
 
