@@ -40,9 +40,9 @@ def decode_weights(model: LlamaForCausalLM) -> DecodeModelWeights:
     args = model.args
     if "fused_decode" not in mlp_block(args.mlp).supports:
         raise UnsupportedDecodeModel(f"the {args.mlp!r} MLP block")
-    if args.qk_norm or args.layer_windows or args.hidden_act != "silu":
-        raise UnsupportedDecodeModel(f"the {args.family} family (q/k norms, sliding windows or a "
-                                     "non-SiLU MLP; the step has none of them)")
+    if args.qk_norm or args.layer_windows or args.hidden_act != "silu" or args.rotary_dim != args.head_dim:
+        raise UnsupportedDecodeModel(f"the {args.family} family (q/k norms, sliding windows, partial rotary "
+                                     "or a non-SiLU MLP; the step has none of them)")
     layers = []
     for i, layer in enumerate(model.layers):
         assert isinstance(layer, DecoderLayer)

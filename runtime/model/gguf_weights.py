@@ -91,14 +91,7 @@ class GGUFTensors:
         return weights[0] if len(weights) == 1 else _fused(names[0], weights)
 
     def dense(self, name: str) -> torch.Tensor:  # [*shape] float32 (torch order), dequantized if need be
-        import gguf
-
-        info, raw = self._raw(name)
-        values = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(info.type_id))
-        # NOTE: a copy (F32 is a view of the read-only map); numpy's result is ours otherwise
-        out = torch.from_numpy(np.array(values, dtype=np.float32, copy=info.type_name == "F32"))
-        self.gguf.release(name)
-        return out.reshape(tuple(reversed(info.shape)))
+        return torch.from_numpy(self.gguf.dense(name))
 
     def quantized(self, name: str) -> QuantizedWeight:
         """A 2-D weight ``[N, K]`` as ``QuantizedWeight`` (its own blocks where we have a
@@ -124,6 +117,10 @@ def _unpermute_rows(num_heads: int, rows: int) -> torch.Tensor:
     return torch.arange(rows).reshape(num_heads, half, 2).transpose(1, 2).reshape(rows)
 
 
+def _qkv_rows(args: ModelArgs) -> list[int]:
+    return [args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim, args.num_kv_heads * args.head_dim]
+
+
 Weights = dict[str, QuantizedWeight | torch.Tensor]  # our module names -> tensors
 
 
@@ -145,7 +142,8 @@ def gguf_state_dict(gguf: GGUFFile, args: ModelArgs) -> dict[str, torch.Tensor]:
         out["lm_head.weight"] = gg.dense("output.weight")
     for i in range(args.num_layers):
         pre, dst = f"blk.{i}.", f"layers.{i}."
-        q, k, v = (gg.dense(pre + f"attn_{p}.weight") for p in "qkv")
+        q, k, v = gg.dense(pre + "attn_qkv.weight").split(_qkv_rows(args)) if architecture(gguf).fused_qkv \
+            else (gg.dense(pre + f"attn_{p}.weight") for p in "qkv")
         if permute:
             q = q.index_select(0, _unpermute_rows(args.num_heads, q.shape[0]))
             k = k.index_select(0, _unpermute_rows(args.num_kv_heads, k.shape[0]))
@@ -163,7 +161,7 @@ def gguf_state_dict(gguf: GGUFFile, args: ModelArgs) -> dict[str, torch.Tensor]:
 
 
 def _read_gguf(gg: GGUFTensors, args: ModelArgs) -> Weights:
-    permute = architecture(gg.gguf).permuted_qk
+    permute, fused = architecture(gg.gguf).permuted_qk, architecture(gg.gguf).fused_qkv
     out: Weights = {"norm": gg.dense("output_norm.weight").reshape(-1),
                     "embed_tokens": gg.stacked(["token_embd.weight"])}
     if gg.has("output.weight"):
@@ -172,7 +170,8 @@ def _read_gguf(gg: GGUFTensors, args: ModelArgs) -> Weights:
         pre, dst = f"blk.{i}.", f"layers.{i}."
         orders = [_unpermute_rows(args.num_heads, args.num_heads * args.head_dim),
                   _unpermute_rows(args.num_kv_heads, args.num_kv_heads * args.head_dim), None] if permute else None
-        out[dst + "qkv_proj"] = gg.stacked([pre + f"attn_{p}.weight" for p in "qkv"], orders)
+        out[dst + "qkv_proj"] = gg.stacked([pre + "attn_qkv.weight"]) if fused \
+            else gg.stacked([pre + f"attn_{p}.weight" for p in "qkv"], orders)
         if args.qkv_bias:
             out[dst + "qkv_bias"] = torch.cat([gg.dense(pre + f"attn_{p}.bias") for p in "qkv"])
         out[dst + "o_proj"] = gg.stacked([pre + "attn_output.weight"])
@@ -201,7 +200,7 @@ def _build(weights: Weights, args: ModelArgs, max_positions: int) -> LlamaForCau
 
     with torch.device("meta"):
         model = LlamaForCausalLM(args, max_positions)
-    model.rope = type(model.rope)(args.head_dim, max_positions, args.rope)  # real buffers
+    model.rope = type(model.rope)(args.rotary_dim, max_positions, args.rope)  # real buffers
     _set_norm(model.norm, dense("norm"))
     model.embed_tokens = QuantizedEmbedding(quantized("embed_tokens"))
     model.lm_head = QuantizedLinear(quantized("lm_head" if "lm_head" in weights else "embed_tokens"))

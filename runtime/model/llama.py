@@ -52,6 +52,11 @@ class ModelArgs:
     hidden_act: str = "silu"  # the MLP's gate activation
     mlp: str = "dense"  # the feed-forward block (``runtime.model.mlp``)
 
+    @property
+    def rotary_dim(self) -> int:
+        """The leading dims of each q / k head that rotate (Phi-4-mini: 3/4 of them)."""
+        return int(self.head_dim * float(self.rope.get("partial_rotary_factor", 1.0)))
+
     def window(self, layer_idx: int) -> int | None:
         return self.layer_windows[layer_idx] if self.layer_windows else None
 
@@ -140,6 +145,7 @@ class Attention(nn.Module):
         self.o_proj: nn.Module = nn.Linear(q_size, args.hidden_size, bias=False)
         self.scale = self.head_dim**-0.5
         self.window = args.window(layer_idx)
+        self.rotary_dim = args.rotary_dim
         self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if args.qk_norm else None
 
@@ -156,7 +162,7 @@ class Attention(nn.Module):
             d = self.head_dim
             qk = torch.cat([self.q_norm(qk[:, : self.num_heads].reshape(-1, d)).view(num_tokens, -1, d),
                             self.k_norm(qk[:, self.num_heads :].reshape(-1, d)).view(num_tokens, -1, d)], dim=1)
-        kernels.apply_rotary(qk, *rope)
+        kernels.apply_rotary(qk if self.rotary_dim == self.head_dim else qk[..., : self.rotary_dim], *rope)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, q_size + kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
         out = paged_attention(q, k, v, self.layer_idx, self.scale, meta, self.window)  # [T, Hq, D]
@@ -208,7 +214,7 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens: nn.Module = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(args, i) for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.rope = RotaryEmbedding(args.head_dim, max_positions, args.rope)
+        self.rope = RotaryEmbedding(args.rotary_dim, max_positions, args.rope)
         self.lm_head: nn.Module | None = None if args.tie_word_embeddings else nn.Linear(
             args.hidden_size, args.vocab_size, bias=False
         )

@@ -23,6 +23,7 @@ from runtime import env
 from runtime.errors import ModelLoadError
 from runtime.model.convert import convert_gguf_to_hf_dir
 from runtime.model.default_model import default_gguf_file, default_model_dir, is_default
+from runtime.model.families import FAMILIES
 from runtime.model.llama import LlamaForCausalLM, ModelArgs
 from runtime.model.mlp import mlp_block
 
@@ -128,7 +129,7 @@ def build_model(args: ModelArgs, state: dict[str, torch.Tensor], device: torch.d
     with torch.device("meta"):
         model = LlamaForCausalLM(args, max_positions)
     model.load_state_dict(state, strict=True, assign=True)
-    model.rope = type(model.rope)(args.head_dim, max_positions, args.rope)  # real buffers
+    model.rope = type(model.rope)(args.rotary_dim, max_positions, args.rope)  # real buffers
     return model.to(device=device, dtype=dtype).eval()
 
 
@@ -168,13 +169,15 @@ def _fused_state_dict(hf: dict[str, torch.Tensor], args: ModelArgs) -> dict[str,
             raise ModelLoadError(f"weight {name!r} missing from the checkpoint")
         return hf[name].float()
 
+    family = FAMILIES[args.family]
     out = {"embed_tokens.weight": take("model.embed_tokens.weight"), "norm.weight": take("model.norm.weight")}
     if not args.tie_word_embeddings:
         out["lm_head.weight"] = take("lm_head.weight")
     for i in range(args.num_layers):
         src, dst = f"model.layers.{i}.", f"layers.{i}."
         attn = src + "self_attn."
-        out[dst + "self_attn.qkv_proj.weight"] = torch.cat([take(attn + f"{p}_proj.weight") for p in "qkv"])
+        out[dst + "self_attn.qkv_proj.weight"] = take(attn + "qkv_proj.weight") if family.fused_qkv \
+            else torch.cat([take(attn + f"{p}_proj.weight") for p in "qkv"])
         if args.qkv_bias:
             out[dst + "self_attn.qkv_proj.bias"] = torch.cat([take(attn + f"{p}_proj.bias") for p in "qkv"])
         out[dst + "self_attn.o_proj.weight"] = take(attn + "o_proj.weight")

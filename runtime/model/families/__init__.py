@@ -12,6 +12,7 @@ from typing import Any
 
 from runtime.model.families.llama import LLAMA
 from runtime.model.families.mistral import MISTRAL
+from runtime.model.families.phi import PHI3
 from runtime.model.families.qwen import QWEN2, QWEN3
 from runtime.model.family import Family
 
@@ -26,7 +27,7 @@ def register(family: Family) -> Family:
     return family
 
 
-for _family in (LLAMA, QWEN2, QWEN3, MISTRAL):
+for _family in (LLAMA, QWEN2, QWEN3, MISTRAL, PHI3):
     register(_family)
 
 
