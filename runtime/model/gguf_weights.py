@@ -200,7 +200,7 @@ def _build(weights: Weights, args: ModelArgs, max_positions: int) -> LlamaForCau
 
     with torch.device("meta"):
         model = LlamaForCausalLM(args, max_positions)
-    model.rope = type(model.rope)(args.rotary_dim, max_positions, args.rope)  # real buffers
+    model.build_rope(max_positions)  # real buffers
     _set_norm(model.norm, dense("norm"))
     model.embed_tokens = QuantizedEmbedding(quantized("embed_tokens"))
     model.lm_head = QuantizedLinear(quantized("lm_head" if "lm_head" in weights else "embed_tokens"))

@@ -129,7 +129,7 @@ def build_model(args: ModelArgs, state: dict[str, torch.Tensor], device: torch.d
     with torch.device("meta"):
         model = LlamaForCausalLM(args, max_positions)
     model.load_state_dict(state, strict=True, assign=True)
-    model.rope = type(model.rope)(args.rotary_dim, max_positions, args.rope)  # real buffers
+    model.build_rope(max_positions)  # real buffers
     return model.to(device=device, dtype=dtype).eval()
 
 
@@ -186,7 +186,14 @@ def _fused_state_dict(hf: dict[str, torch.Tensor], args: ModelArgs) -> dict[str,
             out[dst + "self_attn.k_norm.weight"] = take(attn + "k_norm.weight")
         out.update(mlp_block(args.mlp).hf_state(take, src + "mlp.", dst + "mlp.", args))
         out[dst + "input_layernorm.weight"] = take(src + "input_layernorm.weight")
-        out[dst + "post_attention_layernorm.weight"] = take(src + "post_attention_layernorm.weight")
+        if args.sandwich_norms:  # Gemma's HF names: post_attention_layernorm is the attention's output norm
+            out[dst + "attn_output_norm.weight"] = take(src + "post_attention_layernorm.weight")
+            out[dst + "post_attention_layernorm.weight"] = take(src + "pre_feedforward_layernorm.weight")
+            out[dst + "mlp_output_norm.weight"] = take(src + "post_feedforward_layernorm.weight")
+        else:
+            out[dst + "post_attention_layernorm.weight"] = take(src + "post_attention_layernorm.weight")
+    if family.norm_offset:  # NOTE: x * (1 + w) in fp32, as HF computes it
+        out.update({k: v + family.norm_offset for k, v in out.items() if k.endswith("norm.weight")})
     return out
 
 

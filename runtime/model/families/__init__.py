@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from runtime.model.families.gemma import GEMMA2, GEMMA3
 from runtime.model.families.llama import LLAMA
 from runtime.model.families.mistral import MISTRAL
 from runtime.model.families.phi import PHI3
@@ -27,7 +28,7 @@ def register(family: Family) -> Family:
     return family
 
 
-for _family in (LLAMA, QWEN2, QWEN3, MISTRAL, PHI3):
+for _family in (LLAMA, QWEN2, QWEN3, MISTRAL, PHI3, GEMMA2, GEMMA3):
     register(_family)
 
 

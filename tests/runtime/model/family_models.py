@@ -29,6 +29,32 @@ _LAYER_NAMES = {
 }
 
 
+# Gemma: HF's post_attention_layernorm is the attention's output norm; llama.cpp's names
+_GEMMA_NORMS = {"post_attention_layernorm.weight": "post_attention_norm.weight",
+                "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+                "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
+
+
+def _gemma_metadata(w: Any, cfg: dict[str, Any], arch: str) -> None:
+    """What llama.cpp's Gemma converters write: caps, window, the attention scale; norms
+    get their ``1 +`` folded in (in ``write_family_gguf``)."""
+    w.add_sliding_window(cfg["sliding_window"])
+    w.add_uint32(f"{arch}.attention.sliding_window_pattern",
+                 next(i + 1 for i, k in enumerate(cfg["layer_types"]) if k == "full_attention"))
+    w.add_float32(f"{arch}.attention.scale", cfg["query_pre_attn_scalar"] ** -0.5)
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if cfg.get(key) is not None:
+            w.add_float32(f"{arch}.{key}", cfg[key])
+    rope = cfg["rope_parameters"]
+    if "full_attention" in rope:  # Gemma 3: the global layers' scaling, the local layers' base
+        full = rope["full_attention"]
+        w.add_rope_freq_base(full["rope_theta"])
+        w.add_float32(f"{arch}.rope.freq_base_swa", rope["sliding_attention"]["rope_theta"])
+        if full.get("rope_type") == "linear":
+            w.add_rope_scaling_type(__import__("gguf").RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(full["factor"])
+
+
 def _llama_permute(w: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's ``LlamaModel.permute`` (convert_hf_to_gguf.py) of a q or k weight."""
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -75,10 +101,14 @@ def write_family_gguf(hf_dir: Path, out: Path, arch: str, tokenizer_source: GGUF
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
-    w.add_rope_dimension_count(int(head_dim * cfg["rope_parameters"].get("partial_rotary_factor", 1.0)))
+    gemma = arch in ("gemma2", "gemma3")
+    if gemma:
+        _gemma_metadata(w, cfg, arch)
+    else:
+        w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
+        w.add_rope_dimension_count(int(head_dim * cfg["rope_parameters"].get("partial_rotary_factor", 1.0)))
     w.add_vocab_size(cfg["vocab_size"])
-    if cfg.get("sliding_window"):
+    if cfg.get("sliding_window") and not gemma:
         w.add_sliding_window(cfg["sliding_window"])
     meta = tokenizer_source.metadata
     w.add_tokenizer_model("gpt2")
@@ -93,14 +123,16 @@ def write_family_gguf(hf_dir: Path, out: Path, arch: str, tokenizer_source: GGUF
                                       "output_norm.weight": hf["model.norm.weight"]}
     if "lm_head.weight" in hf and not cfg.get("tie_word_embeddings"):
         tensors["output.weight"] = hf["lm_head.weight"]
+    if gemma:
+        tensors["output_norm.weight"] = tensors["output_norm.weight"] + 1.0
     if cfg["rope_parameters"].get("rope_type") == "llama3":
         tensors["rope_freqs.weight"] = _llama3_rope_factors(cfg)
     for i in range(cfg["num_hidden_layers"]):
-        for src, dst in _LAYER_NAMES.items():
+        for src, dst in {**_LAYER_NAMES, **(_GEMMA_NORMS if gemma else {})}.items():
             name = f"model.layers.{i}.{src}"
             if name not in hf:
                 continue
-            value = hf[name]
+            value = hf[name] + 1.0 if gemma and "norm" in src else hf[name]
             if permute_qk and src == "self_attn.q_proj.weight":
                 value = _llama_permute(value, heads)
             elif permute_qk and src == "self_attn.k_proj.weight":

@@ -37,7 +37,7 @@ SHAPE: dict[str, Any] = dict(vocab_size=49152, hidden_size=64, intermediate_size
                              max_position_embeddings=1024, bos_token_id=1, eos_token_id=2)
 # family -> (GGUF architecture, llama.cpp permutes q / k rows)
 GGUF_ARCH = {"qwen3": ("qwen3", False), "llama3": ("llama", True), "mistral": ("llama", True),
-             "phi3": ("phi3", False)}
+             "phi3": ("phi3", False), "gemma2": ("gemma2", False), "gemma3": ("gemma3", False)}
 PROMPT = ("In the quiet town by the river, the baker opened her shop before dawn, and the smell of bread "
           "drifted through the narrow streets where the cats slept on warm stones. Later that morning the "
           "fishermen came back with their nets full, and the children ran down to the harbour to watch.")
@@ -52,6 +52,15 @@ def _config(family: str) -> tuple[Any, Any]:
         rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
         return tf.LlamaConfig(**SHAPE, rope_parameters=rope, tie_word_embeddings=False), tf.LlamaForCausalLM
+    if family == "gemma2":
+        return tf.Gemma2Config(**SHAPE, sliding_window=WINDOW, query_pre_attn_scalar=24, attn_logit_softcapping=5.0,
+                               final_logit_softcapping=3.0, tie_word_embeddings=True), tf.Gemma2ForCausalLM
+    if family == "gemma3":
+        rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0}}
+        layers = ["sliding_attention", "sliding_attention", "full_attention"]
+        return tf.Gemma3TextConfig(**SHAPE, sliding_window=WINDOW, query_pre_attn_scalar=24, rope_parameters=rope,
+                                   layer_types=layers, tie_word_embeddings=True), tf.Gemma3ForCausalLM
     if family == "phi3":
         rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
         return tf.Phi3Config(**SHAPE, rope_parameters=rope, tie_word_embeddings=False), tf.Phi3ForCausalLM
@@ -85,7 +94,7 @@ def default_gguf() -> Any:
     gguf.close()
 
 
-@pytest.fixture(scope="module", params=["qwen3", "llama3", "mistral", "phi3"])
+@pytest.fixture(scope="module", params=["qwen3", "llama3", "mistral", "phi3", "gemma2", "gemma3"])
 def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
            default_gguf: GGUFFile) -> dict[str, Any]:
     """The family's HF directory, its GGUF (F32) and Q8_0 files, a prompt and transformers' answer."""
