@@ -43,6 +43,7 @@ class Family:
     sliding_window: bool = False  # config.json "sliding_window" bounds every layer's attention
     # HF checkpoints store each RMSNorm weight as w of ``x * (1 + w)`` (Gemma): added at load
     norm_offset: float = 0.0
+    sandwich_norms: bool = False  # each block's output is normed before its residual add (Gemma)
     activations: tuple[str, ...] = ("silu",)  # the MLP gate activations it accepts
     mlp: str = "dense"  # the feed-forward block (``runtime.model.mlp.MLPBlock`` name)
     # config.json -> extra ``ModelArgs`` fields (checked: raise ValueError naming an unknown key)

@@ -116,6 +116,8 @@ def expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         pre = f"blk.{i}."
         shapes.update({
             pre + "attn_norm.weight": (hidden,), pre + "ffn_norm.weight": (hidden,),
+            **({pre + "post_attention_norm.weight": (hidden,), pre + "post_ffw_norm.weight": (hidden,)}
+               if family.sandwich_norms else {}),
             pre + "attn_output.weight": (q_rows, hidden),
         })
         if family.fused_qkv:

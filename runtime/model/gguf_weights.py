@@ -117,6 +117,14 @@ def _unpermute_rows(num_heads: int, rows: int) -> torch.Tensor:
     return torch.arange(rows).reshape(num_heads, half, 2).transpose(1, 2).reshape(rows)
 
 
+def _norm_names(args: ModelArgs) -> dict[str, str]:
+    """A layer's norms: our module name -> llama.cpp's tensor name (below ``blk.N.``)."""
+    names = {"input_layernorm": "attn_norm.weight", "post_attention_layernorm": "ffn_norm.weight"}
+    if args.sandwich_norms:  # Gemma: the attention's and the MLP's output norms
+        names.update({"attn_output_norm": "post_attention_norm.weight", "mlp_output_norm": "post_ffw_norm.weight"})
+    return names
+
+
 def _qkv_rows(args: ModelArgs) -> list[int]:
     return [args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim, args.num_kv_heads * args.head_dim]
 
@@ -155,8 +163,8 @@ def gguf_state_dict(gguf: GGUFFile, args: ModelArgs) -> dict[str, torch.Tensor]:
             for p in "qk":
                 out[dst + f"self_attn.{p}_norm.weight"] = gg.dense(pre + f"attn_{p}_norm.weight").reshape(-1)
         out.update(mlp_block(args.mlp).gguf_state(gg, pre, dst + "mlp.", args))
-        out[dst + "input_layernorm.weight"] = gg.dense(pre + "attn_norm.weight")
-        out[dst + "post_attention_layernorm.weight"] = gg.dense(pre + "ffn_norm.weight")
+        for ours, theirs in _norm_names(args).items():
+            out[dst + ours + ".weight"] = gg.dense(pre + theirs).reshape(-1)
     return out
 
 
@@ -180,8 +188,8 @@ def _read_gguf(gg: GGUFTensors, args: ModelArgs) -> Weights:
                 out[dst + f"{p}_norm"] = gg.dense(pre + f"attn_{p}_norm.weight").reshape(-1)
         mlp = mlp_block(args.mlp).gguf_native(gg, pre, args)
         out.update({dst + "mlp." + name: w for name, w in mlp.items()})
-        out[dst + "input_layernorm"] = gg.dense(pre + "attn_norm.weight").reshape(-1)
-        out[dst + "post_attention_layernorm"] = gg.dense(pre + "ffn_norm.weight").reshape(-1)
+        for ours, theirs in _norm_names(args).items():
+            out[dst + ours] = gg.dense(pre + theirs).reshape(-1)
     return out
 
 
@@ -216,8 +224,8 @@ def _build(weights: Weights, args: ModelArgs, max_positions: int) -> LlamaForCau
         mlp = pre + "mlp."
         mlp_block(args.mlp).load_native(layer.mlp, {name[len(mlp):]: quantized(name) for name in weights
                                                     if name.startswith(mlp)})
-        _set_norm(layer.input_layernorm, dense(pre + "input_layernorm"))
-        _set_norm(layer.post_attention_layernorm, dense(pre + "post_attention_layernorm"))
+        for ours in _norm_names(args):
+            _set_norm(getattr(layer, ours), dense(pre + ours))
     return model.eval()
 
 

@@ -109,6 +109,7 @@ class ModelArgs:
             hidden_act=act,
             mlp=family.mlp,
             local_rope=None if local_rope == rope else local_rope,
+            sandwich_norms=family.sandwich_norms,
             **family.options(cfg),
         )
 

@@ -167,11 +167,11 @@ def test_int8_weights_and_int8_kv_run_every_family(family: dict[str, Any]) -> No
     assert len(got) == NEW_TOKENS and got[0] == family["want"][0]
 
 
+@pytest.mark.parametrize("family", ["mistral", "gemma3"], indirect=True)
 def test_sliding_window_with_and_without_the_prefix_cache(family: dict[str, Any]) -> None:
-    """Mistral, window 16, prompt 3x that: exact with the radix cache off, and on, where a
-    second request shares the first 40 prompt tokens (pages out of the window included)."""
-    if family["name"] != "mistral":
-        pytest.skip("a sliding-window family only")
+    """Window 16 (Mistral: every layer; Gemma 3: two of three), prompt 3x that: exact with
+    the radix cache off, and on, where a second request shares the first 40 prompt tokens
+    (pages out of the window included)."""
     model, ids = str(family["hf_dir"]), family["ids"]
     assert _greedy(model, ids, disable_prefix_cache=True) == family["want"]
     other = ids[:40] + ids[-8:][::-1]
