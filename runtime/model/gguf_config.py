@@ -71,6 +71,10 @@ def hf_config(gguf: GGUFFile) -> dict[str, Any]:
         token_id = meta.get(f"tokenizer.ggml.{'padding' if name == 'pad' else name}_token_id")
         if token_id is not None:
             cfg[f"{name}_token_id"] = int(token_id)
+    # llama.cpp's end-of-generation tokens beside EOS (Llama 3's <|eot_id|>, <|eom_id|>)
+    ends = [meta.get(f"tokenizer.ggml.{name}_token_id") for name in ("eos", "eot", "eom")]
+    if sum(e is not None for e in ends) > 1:
+        cfg["eos_token_id"] = sorted({int(e) for e in ends if e is not None})
     return cfg
 
 

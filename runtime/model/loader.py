@@ -91,11 +91,25 @@ def _converted_gguf_dir(gguf: Path) -> Path:
 
 
 def read_config(model_dir: Path) -> dict[str, Any]:
-    try:
-        cfg: dict[str, Any] = json.loads((model_dir / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"cannot read {model_dir / 'config.json'}: {exc}") from exc
+    """``config.json``, its ``eos_token_id`` joined with ``generation_config.json``'s (where
+    instruct models list their end-of-turn tokens: Llama 3's ``<|eot_id|>``, Gemma's
+    ``<end_of_turn>``, Qwen's ``<|im_end|>`` beside ``<|endoftext|>``)."""
+    cfg: dict[str, Any] = _read_json(model_dir / "config.json")
+    generation = model_dir / "generation_config.json"
+    extra = _read_json(generation).get("eos_token_id") if generation.is_file() else None
+    if extra is not None:
+        ids = sorted({*eos_token_ids({"eos_token_id": extra}, None), *eos_token_ids(cfg, None)})
+        if ids != eos_token_ids(cfg, None):  # NOTE: an unchanged config keeps its own form
+            cfg["eos_token_id"] = ids
     return cfg
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc}") from exc
+    return value
 
 
 def load_model(

@@ -230,3 +230,32 @@ def test_a_family_is_found_by_architectures_when_model_type_is_absent() -> None:
     qwen2 = ModelArgs.from_hf_config({**cfg, "model_type": "qwen2", "sliding_window": 24,
                                       "layer_types": ["full_attention", "sliding_attention", "full_attention"]})
     assert qwen2.layer_windows == (None, 24, None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen3", "phi3", "gemma2"], indirect=True)
+def test_tensor_parallel_gives_the_one_rank_tokens(family: dict[str, Any]) -> None:
+    """Two gloo ranks (q/k norms, fused checkpoints with partial rotary, Gemma's norms,
+    scales, windows and caps): the greedy tokens of one rank."""
+    model, ids = str(family["hf_dir"]), family["ids"]
+    assert _greedy(model, ids, tensor_parallel_size=2, num_threads=1) == _greedy(model, ids, num_threads=1)
+
+
+def test_stop_tokens_come_from_the_files(tmp_path: Path, tiny_llama_dir: Path, default_gguf: GGUFFile) -> None:
+    """generation_config.json's end-of-turn ids (HF) and llama.cpp's eot / eom ids (GGUF)
+    end generation beside EOS."""
+    import shutil
+
+    from runtime.model.gguf_config import hf_config
+
+    hf_dir = tmp_path / "hf"
+    shutil.copytree(tiny_llama_dir, hf_dir)
+    (hf_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
+    with Engine(model=str(hf_dir), num_pages=64) as engine:
+        assert engine.eos_token_ids == [2, 7]
+    out = tmp_path / "eot.gguf"
+    write_family_gguf(tiny_llama_dir, out, "llama", default_gguf, permute_qk=True, extra={
+        "tokenizer.ggml.eot_token_id": 9, "tokenizer.ggml.eom_token_id": 11})
+    file = GGUFFile(out)
+    assert hf_config(file)["eos_token_id"] == [2, 9, 11]
+    file.close()
