@@ -82,10 +82,10 @@ def _llama3_rope_factors(cfg: dict[str, Any]) -> np.ndarray:
 
 def write_family_gguf(hf_dir: Path, out: Path, arch: str, tokenizer_source: GGUFFile, qtype: str = "F32",
                       permute_qk: bool = False, drop: tuple[str, ...] = (), extra: dict[str, int] | None = None,
-                      ) -> Path:
+                      chat_template: str | None = None) -> Path:
     """``hf_dir``'s model as a GGUF file of ``arch`` (linears in ``qtype``, norms in F32),
     with ``tokenizer_source``'s tokenizer metadata; ``drop``: tensors left out; ``extra``:
-    more metadata (uint32 values)."""
+    more metadata (uint32 values); ``chat_template``: the file's own (else the source's)."""
     import gguf
     from safetensors.torch import load_file
 
@@ -120,7 +120,7 @@ def write_family_gguf(hf_dir: Path, out: Path, arch: str, tokenizer_source: GGUF
     w.add_token_merges(meta["tokenizer.ggml.merges"])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
-    w.add_chat_template(meta["tokenizer.chat_template"])
+    w.add_chat_template(chat_template or meta["tokenizer.chat_template"])
     for key, value in (extra or {}).items():
         w.add_uint32(key, value)
     tensors: dict[str, np.ndarray] = {"token_embd.weight": hf["model.embed_tokens.weight"],

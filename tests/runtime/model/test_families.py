@@ -259,3 +259,31 @@ def test_stop_tokens_come_from_the_files(tmp_path: Path, tiny_llama_dir: Path, d
     file = GGUFFile(out)
     assert hf_config(file)["eos_token_id"] == [2, 9, 11]
     file.close()
+
+
+GEMMA_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<start_of_turn>"
+                  "{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n{{ m['content'] }}<end_of_turn>\n"
+                  "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+
+
+def test_an_openai_chat_call_renders_the_files_own_template(tmp_path: Path, default_gguf: GGUFFile) -> None:
+    """A Gemma 3 GGUF carrying Gemma's chat template, served: the chat prompt is that
+    template's rendering (its token count), not the default model's ChatML."""
+    import openai
+    from fastapi.testclient import TestClient
+
+    from runtime.server import create_app
+
+    hf_dir = _save("gemma3", tmp_path / "hf")
+    path = write_family_gguf(hf_dir, tmp_path / "gemma3.gguf", "gemma3", default_gguf, chat_template=GEMMA_TEMPLATE)
+    messages: list[Any] = [{"role": "user", "content": "Name a colour."}]
+    with Engine(model=str(path), num_pages=256, max_model_len=256) as engine:
+        rendered = engine.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        assert rendered == "<|im_start|><start_of_turn>user\nName a colour.<end_of_turn>\n<start_of_turn>model\n"
+        with TestClient(create_app(engine, model_name="gemma")) as http:
+            client = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", max_retries=0,
+                                   http_client=http)
+            got = client.chat.completions.create(model="gemma", messages=messages, max_tokens=4, temperature=0)
+    assert got.usage is not None
+    assert got.usage.prompt_tokens == len(engine.tokenizer(rendered, add_special_tokens=False)["input_ids"])
+    assert got.choices[0].finish_reason in ("length", "stop")
