@@ -84,6 +84,7 @@ def _attend(
     v: torch.Tensor,  # [B, Lk, Hkv, D]
     mask: torch.Tensor | None,  # [B, 1, G*Lq, Lk] additive, q's dtype (see AttentionPlan)
     scale: float,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # out [B, Lq, Hq, D], log-sum-exp [B, Lq, Hq]
     batch, q_len, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[2]
@@ -92,7 +93,8 @@ def _attend(
     # K/V are never repeated and torch's fused CPU SDPA kernel does the rest.
     qg = q.view(batch, q_len, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
     qg = qg.reshape(batch, num_kv_heads, group * q_len, head_dim)
-    out, lse = _sdpa_with_lse(qg, k.transpose(1, 2).to(q.dtype), v.transpose(1, 2).to(q.dtype), mask, scale)
+    out, lse = _sdpa_with_lse(qg, k.transpose(1, 2).to(q.dtype), v.transpose(1, 2).to(q.dtype), mask, scale,
+                              softcap)
     out = out.view(batch, num_kv_heads, group, q_len, head_dim).permute(0, 3, 1, 2, 4)
     lse = lse.view(batch, num_kv_heads, group, q_len).permute(0, 3, 1, 2)
     return out.reshape(batch, q_len, num_q_heads, head_dim), lse.reshape(batch, q_len, num_q_heads)
@@ -150,9 +152,10 @@ def _sdpa_with_lse(
     v: torch.Tensor,  # [B, H, Lk, D]
     mask: torch.Tensor | None,  # [B, 1, Lq, Lk] additive (0 or -inf), q's dtype
     scale: float,
+    softcap: float | None = None,  # scores -> softcap * tanh(scores / softcap), before the mask
 ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, H, Lq, D], [B, H, Lq]
     """SDPA that also returns each row's log-sum-exp (natural log) of the scaled scores."""
-    if q.device.type == "cpu" and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
+    if q.device.type == "cpu" and softcap is None and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
         # The kernel behind F.scaled_dot_product_attention on the CPU.
         num_rows = q.shape[2]
         padded = flash_query_rows(num_rows)
@@ -162,6 +165,8 @@ def _sdpa_with_lse(
         )
         return out[:, :, :num_rows], lse[:, :, :num_rows]
     scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
         scores = scores + mask
     lse = torch.logsumexp(scores, dim=-1)
@@ -214,6 +219,9 @@ class AttentionPlan:
     # Extend only: no request has a prefix (after any shared-prefix drop), so query i may
     # see keys 0..i: plain causal attention, where the fused kernel skips the masked half.
     causal: bool = False
+    # Decode only: keys ``window`` or more positions behind the query are masked (a sliding
+    # window layer); None: none are.
+    window: int | None = None
     _masks: dict[tuple[torch.dtype, int], torch.Tensor] = field(default_factory=dict)
 
     def gather_slots(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -222,6 +230,9 @@ class AttentionPlan:
             assert self.page_table is not None and self.seq_lens is not None, "not a decode plan"
             max_len = int(self.seq_lens.max())
             self.slots, valid = token_slots(self.page_table, self.seq_lens, self.page_size, max_len)
+            if self.window is not None:  # the query is at seq_len - 1: keys from seq_len - window on
+                pos = torch.arange(max_len, device=valid.device)
+                valid &= pos[None, :] >= (self.seq_lens.long() - self.window)[:, None]
             self.allowed = valid[:, None, :]
         return self.slots, self.allowed
 
@@ -229,8 +240,12 @@ class AttentionPlan:
         """Additive [B, 1, group * Lq, L] mask for ``group`` query heads per KV head."""
         key = (dtype, group)
         if key not in self._masks:
-            _, allowed = self.gather_slots()
-            assert allowed is not None, "a causal plan has no mask"
+            slots, allowed = self.gather_slots()
+            if allowed is None:  # a causal plan: query i sees keys 0..i (NOTE: no prefix)
+                assert self.causal, "a plan without a mask is causal"
+                k_pos = torch.arange(slots.shape[1], device=slots.device)
+                allowed = (k_pos[None, :] <= torch.arange(self.max_q, device=slots.device)[:, None])[None]
+                allowed = allowed.expand(slots.shape[0], self.max_q, slots.shape[1])
             batch, q_len, keys = allowed.shape
             allowed = allowed[:, None, None].expand(batch, 1, group, q_len, keys)
             allowed = allowed.reshape(batch, 1, group * q_len, keys)
@@ -244,15 +259,25 @@ def plan_decode(
     seq_lens: torch.Tensor,  # [B] int32, tokens in cache incl. the new one
     page_size: int,
     shared: Sequence[SharedPrefix] = (),
+    window: int | None = None,
 ) -> AttentionPlan:
-    """The layer-independent part of ``decode_attention`` (B >= 1)."""
+    """The layer-independent part of ``decode_attention`` (B >= 1); with a ``window``, each
+    query sees its last ``window`` positions only (then no ``shared`` prefixes)."""
+    _check_window(window, shared)
     if shared:
         page_table, seq_lens = _drop_leading_pages(
             page_table, seq_lens, _skipped_pages(page_table.shape[0], shared, page_table.device), page_size
         )
     prefixes = tuple(_PrefixPart(_page_slots(g.pages, page_size), g.rows) for g in shared)
     return AttentionPlan(None, None, 1, None, prefixes, page_table=page_table, seq_lens=seq_lens,
-                         page_size=page_size)
+                         page_size=page_size, window=window)
+
+
+def _check_window(window: int | None, shared: Sequence[SharedPrefix]) -> None:
+    if window is not None and window < 1:
+        raise ValueError(f"an attention window must be >= 1, got {window}")
+    if window is not None and shared:
+        raise ValueError("a windowed plan reads no shared prefixes (they are merged unmasked)")
 
 
 def plan_extend(
@@ -262,8 +287,11 @@ def plan_extend(
     qo_indptr: torch.Tensor,  # [B+1] int32
     page_size: int,
     shared: Sequence[SharedPrefix] = (),
+    window: int | None = None,
 ) -> AttentionPlan:
-    """The layer-independent part of ``extend_attention`` (B >= 1)."""
+    """The layer-independent part of ``extend_attention`` (B >= 1); ``window`` as in
+    ``plan_decode``."""
+    _check_window(window, shared)
     batch = extend_lens.shape[0]
     device = extend_lens.device
     token_req = torch.repeat_interleave(torch.arange(batch, device=device), extend_lens.long())
@@ -281,7 +309,7 @@ def plan_extend(
     slots, valid = token_slots(page_table, seq_lens, page_size, max_k)
     offset = torch.arange(token_req.shape[0], device=device) - qo_indptr.long()[token_req]
     scatter = token_req * max_q + offset  # row of each token in [B * max_q]
-    if _causal_kernel(device) and not bool(prefix_lens.any()):
+    if _causal_kernel(device) and not bool(prefix_lens.any()) and window is None:
         # NOTE: with no prefix, valid query i of request b sees keys 0..i, all < seq_len[b]:
         # the padding keys past a shorter request are never in a valid query's window
         # (padding query rows see garbage, and are dropped by ``scatter``).
@@ -290,6 +318,8 @@ def plan_extend(
     q_pos = prefix_lens.long()[:, None] + torch.arange(max_q, device=device)[None, :]
     k_pos = torch.arange(max_k, device=device)
     allowed = (k_pos[None, None, :] <= q_pos[:, :, None]) & valid[:, None, :]
+    if window is not None:  # and j > prefix_len[b] + i - window
+        allowed &= k_pos[None, None, :] > q_pos[:, :, None] - window
     return AttentionPlan(slots, allowed, max_q, scatter, tuple(prefixes))
 
 
@@ -301,6 +331,7 @@ def run_plan(
     scale: float,
     k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] fp32, for an 8-bit pool
     v_scale: torch.Tensor | None = None,
+    softcap: float | None = None,  # scores -> softcap * tanh(scores / softcap)
 ) -> torch.Tensor:  # [T, Hq, D]
     """Attention of ``q`` as planned: one gather of each request's slots, one SDPA call,
     then every shared prefix read once and merged in."""
@@ -310,18 +341,18 @@ def run_plan(
     group = heads // k_buffer.shape[1]
     k, v = _gather(k_buffer, slots, k_scale), _gather(v_buffer, slots, v_scale)  # [B, L, Hkv, D]
     if plan.scatter is None:  # decode: one query row per request
-        out, lse = _attend(q[:, None], k, v, plan.mask(q.dtype, group), scale)
+        out, lse = _attend(q[:, None], k, v, plan.mask(q.dtype, group), scale, softcap)
         out, lse = out[:, 0], lse[:, 0]
     else:  # extend: scatter the ragged queries into [B, max_q, Hq, D]
         q_pad = q.new_zeros(batch * plan.max_q, heads, dim).index_copy_(0, plan.scatter, q)
         q_pad = q_pad.view(batch, plan.max_q, heads, dim)
-        if plan.causal:
+        if plan.causal and softcap is None:
             out, lse = _attend_causal(q_pad, k, v, scale)
         else:
-            out, lse = _attend(q_pad, k, v, plan.mask(q.dtype, group), scale)
+            out, lse = _attend(q_pad, k, v, plan.mask(q.dtype, group), scale, softcap)
         out = out.reshape(batch * plan.max_q, heads, dim).index_select(0, plan.scatter)
         lse = lse.reshape(batch * plan.max_q, heads).index_select(0, plan.scatter)
-    merge_shared_prefixes(out, lse, q, plan, k_buffer, v_buffer, scale, k_scale, v_scale)
+    merge_shared_prefixes(out, lse, q, plan, k_buffer, v_buffer, scale, k_scale, v_scale, softcap)
     return out
 
 
@@ -337,8 +368,11 @@ def decode_attention(
     plan: AttentionPlan | None = None,
     k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] fp32, for an 8-bit pool
     v_scale: torch.Tensor | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
-    """Attention of each request's newest token over all its cached tokens.
+    """Attention of each request's newest token over all its cached tokens (the last
+    ``window`` of them, with a window).
 
     The new token's K/V must already be stored in the pool. ``shared`` (optional) names
     groups of requests with common leading pages; the result is the same with or without
@@ -348,8 +382,8 @@ def decode_attention(
     """
     if q.shape[0] == 0:
         return torch.empty_like(q)
-    plan = plan or plan_decode(page_table, seq_lens, page_size, shared)
-    return run_plan(q, k_buffer, v_buffer, plan, scale, k_scale, v_scale)
+    plan = plan or plan_decode(page_table, seq_lens, page_size, shared, window)
+    return run_plan(q, k_buffer, v_buffer, plan, scale, k_scale, v_scale, softcap)
 
 
 def extend_attention(
@@ -366,8 +400,11 @@ def extend_attention(
     plan: AttentionPlan | None = None,
     k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] fp32, for an 8-bit pool
     v_scale: torch.Tensor | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
-    """Causal attention of new tokens over their cached prefix and each other.
+    """Causal attention of new tokens over their cached prefix and each other (with a
+    ``window``: position ``p`` sees ``p - window + 1 .. p`` only).
 
     New token ``i`` of request ``b`` sits at position ``prefix_lens[b] + i`` and attends to
     positions ``0 .. prefix_lens[b] + i``. The new tokens' K/V must already be stored.
@@ -375,8 +412,8 @@ def extend_attention(
     """
     if q.shape[0] == 0:
         return torch.empty_like(q)
-    plan = plan or plan_extend(page_table, prefix_lens, extend_lens, qo_indptr, page_size, shared)
-    return run_plan(q, k_buffer, v_buffer, plan, scale, k_scale, v_scale)
+    plan = plan or plan_extend(page_table, prefix_lens, extend_lens, qo_indptr, page_size, shared, window)
+    return run_plan(q, k_buffer, v_buffer, plan, scale, k_scale, v_scale, softcap)
 
 
 # ---- shared prefixes ------------------------------------------------------------------------
@@ -411,10 +448,11 @@ def merge_shared_prefixes(
     scale: float,
     k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] fp32, for an 8-bit pool
     v_scale: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> None:
     """Fold each of ``plan``'s shared prefixes into the rows that hold it."""
     for part in plan.prefixes:
-        _merge_prefix(out, lse, q, part, k_buffer, v_buffer, scale, k_scale, v_scale)
+        _merge_prefix(out, lse, q, part, k_buffer, v_buffer, scale, k_scale, v_scale, softcap)
 
 
 def _merge_prefix(
@@ -427,6 +465,7 @@ def _merge_prefix(
     scale: float,
     k_scale: torch.Tensor | None,
     v_scale: torch.Tensor | None,
+    softcap: float | None = None,
 ) -> None:
     """Fold attention over a shared prefix into its rows' partial results.
 
@@ -438,7 +477,7 @@ def _merge_prefix(
     v = _gather(v_buffer, part.slots[None], v_scale)
     every = rows.numel() == out.shape[0]  # the common case: the whole batch shares it
     rows_q = q if every else q.index_select(0, rows)
-    pre_out, pre_lse = _attend(rows_q[None], k, v, None, scale)  # [1, n, Hq, D], [1, n, Hq]
+    pre_out, pre_lse = _attend(rows_q[None], k, v, None, scale, softcap)  # [1, n, Hq, D], [1, n, Hq]
     rest_out = out if every else out.index_select(0, rows)
     rest_lse = lse if every else lse.index_select(0, rows)
     top = torch.maximum(pre_lse[0], rest_lse)

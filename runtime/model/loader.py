@@ -23,7 +23,9 @@ from runtime import env
 from runtime.errors import ModelLoadError
 from runtime.model.convert import convert_gguf_to_hf_dir
 from runtime.model.default_model import default_gguf_file, default_model_dir, is_default
+from runtime.model.families import FAMILIES
 from runtime.model.llama import LlamaForCausalLM, ModelArgs
+from runtime.model.mlp import mlp_block
 
 
 def resolve_source(model: str | None) -> Path:
@@ -89,11 +91,25 @@ def _converted_gguf_dir(gguf: Path) -> Path:
 
 
 def read_config(model_dir: Path) -> dict[str, Any]:
-    try:
-        cfg: dict[str, Any] = json.loads((model_dir / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"cannot read {model_dir / 'config.json'}: {exc}") from exc
+    """``config.json``, its ``eos_token_id`` joined with ``generation_config.json``'s (where
+    instruct models list their end-of-turn tokens: Llama 3's ``<|eot_id|>``, Gemma's
+    ``<end_of_turn>``, Qwen's ``<|im_end|>`` beside ``<|endoftext|>``)."""
+    cfg: dict[str, Any] = _read_json(model_dir / "config.json")
+    generation = model_dir / "generation_config.json"
+    extra = _read_json(generation).get("eos_token_id") if generation.is_file() else None
+    if extra is not None:
+        ids = sorted({*eos_token_ids({"eos_token_id": extra}, None), *eos_token_ids(cfg, None)})
+        if ids != eos_token_ids(cfg, None):  # NOTE: an unchanged config keeps its own form
+            cfg["eos_token_id"] = ids
     return cfg
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc}") from exc
+    return value
 
 
 def load_model(
@@ -101,6 +117,7 @@ def load_model(
 ) -> LlamaForCausalLM:
     """Build the model from ``config.json`` and load its safetensors weights."""
     args = model_args(read_config(model_dir), model_dir)
+    check_checkpoint(model_dir, args)
     state = _fused_state_dict(_read_safetensors(model_dir), args)
     return build_model(args, state, device, dtype, max_positions)
 
@@ -126,8 +143,24 @@ def build_model(args: ModelArgs, state: dict[str, torch.Tensor], device: torch.d
     with torch.device("meta"):
         model = LlamaForCausalLM(args, max_positions)
     model.load_state_dict(state, strict=True, assign=True)
-    model.rope = type(model.rope)(args.head_dim, max_positions, args.rope)  # real buffers
+    model.build_rope(max_positions)  # real buffers
     return model.to(device=device, dtype=dtype).eval()
+
+
+def check_checkpoint(model_dir: Path, args: ModelArgs) -> None:
+    """Raise ``ModelLoadError`` naming the first weight ``args``' model needs that the
+    checkpoint lacks, from the files' headers alone (before any weight is read)."""
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for file in sorted(model_dir.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                names.update(f.keys())
+        except Exception as exc:  # safetensors raises its own error types
+            raise ModelLoadError(f"cannot read weights {file}: {exc}") from exc
+    empty = torch.empty(0, device="meta")
+    _fused_state_dict(dict.fromkeys(names, empty), args)  # NOTE: meta tensors: only the names are checked
 
 
 def _read_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -150,21 +183,31 @@ def _fused_state_dict(hf: dict[str, torch.Tensor], args: ModelArgs) -> dict[str,
             raise ModelLoadError(f"weight {name!r} missing from the checkpoint")
         return hf[name].float()
 
+    family = FAMILIES[args.family]
     out = {"embed_tokens.weight": take("model.embed_tokens.weight"), "norm.weight": take("model.norm.weight")}
     if not args.tie_word_embeddings:
         out["lm_head.weight"] = take("lm_head.weight")
     for i in range(args.num_layers):
         src, dst = f"model.layers.{i}.", f"layers.{i}."
         attn = src + "self_attn."
-        out[dst + "self_attn.qkv_proj.weight"] = torch.cat([take(attn + f"{p}_proj.weight") for p in "qkv"])
+        out[dst + "self_attn.qkv_proj.weight"] = take(attn + "qkv_proj.weight") if family.fused_qkv \
+            else torch.cat([take(attn + f"{p}_proj.weight") for p in "qkv"])
         if args.qkv_bias:
             out[dst + "self_attn.qkv_proj.bias"] = torch.cat([take(attn + f"{p}_proj.bias") for p in "qkv"])
         out[dst + "self_attn.o_proj.weight"] = take(attn + "o_proj.weight")
-        mlp = src + "mlp."
-        out[dst + "mlp.gate_up_proj.weight"] = torch.cat([take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")])
-        out[dst + "mlp.down_proj.weight"] = take(mlp + "down_proj.weight")
+        if args.qk_norm:
+            out[dst + "self_attn.q_norm.weight"] = take(attn + "q_norm.weight")
+            out[dst + "self_attn.k_norm.weight"] = take(attn + "k_norm.weight")
+        out.update(mlp_block(args.mlp).hf_state(take, src + "mlp.", dst + "mlp.", args))
         out[dst + "input_layernorm.weight"] = take(src + "input_layernorm.weight")
-        out[dst + "post_attention_layernorm.weight"] = take(src + "post_attention_layernorm.weight")
+        if args.sandwich_norms:  # Gemma's HF names: post_attention_layernorm is the attention's output norm
+            out[dst + "attn_output_norm.weight"] = take(src + "post_attention_layernorm.weight")
+            out[dst + "post_attention_layernorm.weight"] = take(src + "pre_feedforward_layernorm.weight")
+            out[dst + "mlp_output_norm.weight"] = take(src + "post_feedforward_layernorm.weight")
+        else:
+            out[dst + "post_attention_layernorm.weight"] = take(src + "post_attention_layernorm.weight")
+    if family.norm_offset:  # NOTE: x * (1 + w) in fp32, as HF computes it
+        out.update({k: v + family.norm_offset for k, v in out.items() if k.endswith("norm.weight")})
     return out
 
 

@@ -19,6 +19,7 @@ cast the fp16 scales to the model dtype. Quantize after the model is on its devi
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -26,7 +27,9 @@ from torch import nn
 import kernels
 from kernels import QuantizedWeight
 from kernels.reference.quant import dequantize, quantize_int4, quantize_int8
-from runtime.model.llama import DecoderLayer, LlamaForCausalLM
+
+if TYPE_CHECKING:  # NOTE: the decoder's MLP block module (mlp.py) builds QuantizedLinear from here
+    from runtime.model.llama import DecoderLayer, LlamaForCausalLM
 
 
 class QuantizedLinear(nn.Module):
@@ -99,9 +102,9 @@ def quantize_model(model: LlamaForCausalLM, fmt: str) -> None:
     if fmt not in FORMATS:
         raise ValueError(f"unknown quantized format {fmt!r} (use one of {sorted(FORMATS)})")
     quantize = FORMATS[fmt]
-    for layer in model.layers:
-        assert isinstance(layer, DecoderLayer)
-        attn, mlp = layer.self_attn, layer.mlp
+    for module in model.layers:
+        layer = cast("DecoderLayer", module)
+        attn, mlp = layer.self_attn, layer.dense_mlp(f"weights={fmt!r}")
         attn.qkv_proj = QuantizedLinear.from_linear(attn.qkv_proj, quantize)
         attn.o_proj = QuantizedLinear.from_linear(attn.o_proj, quantize)
         mlp.gate_up_proj = QuantizedLinear.from_linear(mlp.gate_up_proj, quantize)
