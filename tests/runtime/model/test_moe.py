@@ -46,14 +46,14 @@ def _hf_block(cfg: Qwen3MoeConfig | MixtralConfig) -> nn.Module:
     return block.eval()
 
 
-def _ours(hf: nn.Module, cfg: Qwen3MoeConfig | MixtralConfig) -> SparseMoeBlock:
+def _ours(hf: Any, cfg: Qwen3MoeConfig | MixtralConfig) -> SparseMoeBlock:
     block = SparseMoeBlock(HIDDEN, MoEArgs.from_hf_config(cfg.to_dict()))
     state = {"gate.weight": hf.gate.weight, "gate_up_proj": hf.experts.gate_up_proj, "down_proj": hf.experts.down_proj}
     block.load_state_dict({k: v.detach().clone() for k, v in state.items()})
     return block.eval()
 
 
-FAMILIES = {
+FAMILIES: dict[str, dict[str, Any]] = {
     "qwen3_moe": {},
     "qwen3_moe-norm_topk": {"norm_topk_prob": True},
     "qwen3_moe-top3": {"top_k": 3},
@@ -110,6 +110,7 @@ def test_quantized_block_matches_its_references(fmt: str, num_tokens: int, cpu_k
         assert ((out - spec).norm() / spec.norm()).item() < 0.02
         assert ((out - fp32(x)).norm() / fp32(x).norm()).item() < (0.02 if fmt == "int8" else 0.2)
         block.convert_quantized(kernels.prepare_quantized)
+        assert isinstance(block.quantized.gate_up, Q.QuantizedWeight)
         assert block.quantized.gate_up.tiled == kernels.reads_tiles()  # 96 and 64 rows per expert: whole tiles
         torch.testing.assert_close(block(x), out, atol=1e-5, rtol=1e-5)
 
@@ -122,7 +123,9 @@ def test_convert_keeps_the_row_layout_for_experts_of_partial_tiles() -> None:
     block.quantize(Int8.linear)  # 24 gate_up rows per expert: not whole tiles
     block.convert_quantized(Q.tile)
     assert block.quantized is not None
-    assert not block.quantized.gate_up.tiled and block.quantized.down.tiled  # 32 down rows per expert
+    gate_up, down = block.quantized.gate_up, block.quantized.down
+    assert isinstance(gate_up, Q.QuantizedWeight) and isinstance(down, Q.QuantizedWeight)
+    assert not gate_up.tiled and down.tiled  # 32 down rows per expert
 
 
 def test_config_reader_refuses_what_it_does_not_implement() -> None:
