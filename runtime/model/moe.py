@@ -145,3 +145,48 @@ def hf_experts_state(
     out["gate_up_proj"] = torch.stack([torch.cat([g, u]) for g, u in zip(gate, up, strict=True)])
     out["down_proj"] = torch.stack(down)
     return out
+
+
+# ---- GGUF ------------------------------------------------------------------------------------
+# llama.cpp's names for one layer's experts block (``pre`` = "blk.N."): the router, and each
+# projection of every expert as one 3-D tensor (GGUF shape innermost first: [K, N, E]).
+GGUF_ROUTER, GGUF_EXPERTS = "ffn_gate_inp.weight", ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
+
+
+def gguf_moe_config(meta: dict[str, Any], arch: str) -> dict[str, Any]:
+    """The config.json keys of a GGUF file's experts (empty when it has none): llama.cpp
+    writes ``{arch}.expert_count`` / ``expert_used_count`` (and Qwen3-MoE's
+    ``expert_feed_forward_length``); Mixtral comes as ``general.architecture = llama``
+    with experts. llama.cpp renormalizes the top-k weights of both unless
+    ``{arch}.expert_weights_norm`` says otherwise."""
+    count = int(meta.get(f"{arch}.expert_count", 0) or 0)
+    if count == 0:
+        return {}
+    used, norm = int(meta[f"{arch}.expert_used_count"]), bool(meta.get(f"{arch}.expert_weights_norm", True))
+    if arch == "llama":
+        return {"model_type": "mixtral", "num_local_experts": count, "num_experts_per_tok": used}
+    return {"num_experts": count, "num_experts_per_tok": used, "norm_topk_prob": norm,
+            "moe_intermediate_size": int(meta[f"{arch}.expert_feed_forward_length"])}
+
+
+def gguf_experts_shapes(pre: str, hidden: int, args: MoEArgs) -> dict[str, tuple[int, ...]]:
+    """The GGUF tensors of one layer's experts block, GGUF order (innermost first)."""
+    e, inter = args.num_experts, args.intermediate_size
+    gate, up, down = GGUF_EXPERTS
+    return {pre + GGUF_ROUTER: (hidden, e), pre + gate: (hidden, inter, e), pre + up: (hidden, inter, e),
+            pre + down: (inter, hidden, e)}
+
+
+def gguf_experts_state(dense: Callable[[str], torch.Tensor], pre: str) -> dict[str, torch.Tensor]:
+    """One layer's experts block in our names, dequantized (``dense``: a GGUF tensor in
+    torch order, fp32)."""
+    gate, up, down = (dense(pre + name) for name in GGUF_EXPERTS)  # [E, I, H], [E, I, H], [E, H, I]
+    return {"gate.weight": dense(pre + GGUF_ROUTER), "gate_up_proj": torch.cat([gate, up], dim=1), "down_proj": down}
+
+
+def interleave_gate_up(stacked: QuantizedWeight, num_experts: int) -> QuantizedWeight:
+    """All experts' gate rows then all their up rows -> expert by expert [gate | up] (the
+    order the experts kernels read), in the row layout."""
+    inter = stacked.out_features // (2 * num_experts)
+    rows = torch.arange(2 * num_experts * inter).view(2, num_experts, inter).transpose(0, 1).reshape(-1)
+    return stacked.rows(rows)
