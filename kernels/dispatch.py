@@ -119,18 +119,19 @@ def store_kv(
 
 
 def plan_decode(
-    page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, shared: Sequence[SharedPrefix] = ()
+    page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, shared: Sequence[SharedPrefix] = (),
+    window: int | None = None,
 ) -> AttentionPlan:
     """The torch path's layer-independent part of ``decode_attention`` (one per forward)."""
-    return reference.plan_decode(page_table, seq_lens, page_size, shared)
+    return reference.plan_decode(page_table, seq_lens, page_size, shared, window)
 
 
 def plan_extend(
     page_table: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
-    qo_indptr: torch.Tensor, page_size: int, shared: Sequence[SharedPrefix] = (),
+    qo_indptr: torch.Tensor, page_size: int, shared: Sequence[SharedPrefix] = (), window: int | None = None,
 ) -> AttentionPlan:
     """The torch path's layer-independent part of ``extend_attention`` (one per forward)."""
-    return reference.plan_extend(page_table, prefix_lens, extend_lens, qo_indptr, page_size, shared)
+    return reference.plan_extend(page_table, prefix_lens, extend_lens, qo_indptr, page_size, shared, window)
 
 
 def decode_attention(
@@ -144,14 +145,19 @@ def decode_attention(
     plan: AttentionPlan | None = None,
     k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] fp32, for an int8 / fp8 pool
     v_scale: torch.Tensor | None = None,
+    window: int | None = None,  # attend to the last ``window`` positions only
 ) -> torch.Tensor:  # [B, Hq, D]
     """See ``kernels.reference.attention.decode_attention``.
 
     ``plan`` (``plan_decode``, built once per forward pass, with any shared prefixes) only
     changes the cost on the CPU; the Triton kernel reads every page in place and needs
     none. The native CPU kernel reads the pages the plan leaves to each row in place and
-    merges the plan's shared prefixes as the reference does.
+    merges the plan's shared prefixes as the reference does. A ``window`` runs the
+    reference on every device (the native and Triton kernels have none).
     """
+    if window is not None:
+        return reference.decode_attention(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale,
+                                          plan=plan, k_scale=k_scale, v_scale=v_scale, window=window)
     if _use_triton(q):
         from kernels.triton.decode_attention import decode_attention as triton_impl
 
@@ -184,10 +190,11 @@ def extend_attention(
     plan: AttentionPlan | None = None,
     k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] fp32, for an int8 / fp8 pool
     v_scale: torch.Tensor | None = None,
+    window: int | None = None,  # attend to the last ``window`` positions only
 ) -> torch.Tensor:  # [T, Hq, D]
-    """See ``kernels.reference.attention.extend_attention`` (``plan`` as in decode, from
-    ``plan_extend``)."""
-    if _use_triton(q):
+    """See ``kernels.reference.attention.extend_attention`` (``plan`` and ``window`` as in
+    decode, from ``plan_extend``)."""
+    if _use_triton(q) and window is None:
         from kernels.triton.extend_attention import extend_attention as triton_impl
 
         return triton_impl(
@@ -196,7 +203,7 @@ def extend_attention(
         )
     return reference.extend_attention(
         q, k_buffer, v_buffer, page_table, prefix_lens, extend_lens, qo_indptr, page_size, scale,
-        plan=plan, k_scale=k_scale, v_scale=v_scale,
+        plan=plan, k_scale=k_scale, v_scale=v_scale, window=window,
     )
 
 

@@ -29,7 +29,7 @@ from runtime.model.gguf_file import GGUFFile
 from runtime.model.gguf_tokenizer import gguf_tokenizer
 from runtime.model.gguf_weights import gguf_state_dict, load_gguf_model
 from runtime.model.kv_cache import KVCache
-from runtime.model.llama import LlamaForCausalLM
+from runtime.model.llama import LlamaForCausalLM, ModelArgs
 from runtime.model.loader import (
     build_model,
     load_model,
@@ -45,6 +45,7 @@ from runtime.model.memory import (
     load_peak_nbytes,
     weights_nbytes,
 )
+from runtime.model.mlp import mlp_block
 from runtime.model.parallel import ShardPlan, add_collectives, shard_model
 from runtime.model.quant import move_quantized, prepare_quantized, quantize_model
 
@@ -255,7 +256,10 @@ def load_engine_model(requested: EngineConfig, rank: int = 0) -> LoadedModel:
             check_tensors(gguf, hf_config)
             tokenizer = gguf_tokenizer(gguf)
         else:
-            hf_config, tokenizer = read_config(source), load_tokenizer(source)
+            hf_config = read_config(source)
+        check_family_support(model_args(hf_config, source), weights, world)  # NOTE: before anything is built
+        if gguf is None:
+            tokenizer = load_tokenizer(source)
         kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, device, dtype)
         num_pages, max_model_len = size_pool(cfg, hf_config, device, kv_dtype)
         memory = plan_memory(hf_config, weights, gguf, kv_dtype, num_pages * cfg.page_size, world)
@@ -279,6 +283,21 @@ def load_engine_model(requested: EngineConfig, rank: int = 0) -> LoadedModel:
         return_freed_heap()
     return LoadedModel(cfg, device, dtype, kv_dtype, source, tokenizer, hf_config, model, num_pages, max_model_len,
                        weights, memory)
+
+
+def check_family_support(args: ModelArgs, weights: str, world: int) -> None:
+    """Refuse, before anything is loaded, what the model's MLP block cannot do.
+
+    Raises:
+        InvalidRequestError: naming the family, its block and the option (int8 / int4
+            weights, tensor parallelism).
+    """
+    block = mlp_block(args.mlp)
+    wanted = ([weights] if weights in ("int8", "int4") else []) + (["tensor_parallel"] if world > 1 else [])
+    for option in wanted:
+        if option not in block.supports:
+            raise InvalidRequestError(f"the {args.family} family's {block.name!r} MLP block does not support "
+                                      f"{'tensor parallelism' if option == 'tensor_parallel' else f'weights={option!r}'}")
 
 
 def plan_memory(hf_config: dict[str, Any], weights: str, gguf: GGUFFile | None, kv_dtype: torch.dtype,

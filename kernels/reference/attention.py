@@ -186,6 +186,9 @@ class AttentionPlan:
     # Extend only: no request has a prefix (after any shared-prefix drop), so query i may
     # see keys 0..i: plain causal attention, where the fused kernel skips the masked half.
     causal: bool = False
+    # Decode only: keys ``window`` or more positions behind the query are masked (a sliding
+    # window layer); None: none are.
+    window: int | None = None
     _masks: dict[tuple[torch.dtype, int], torch.Tensor] = field(default_factory=dict)
 
     def gather_slots(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -194,6 +197,9 @@ class AttentionPlan:
             assert self.page_table is not None and self.seq_lens is not None, "not a decode plan"
             max_len = int(self.seq_lens.max())
             self.slots, valid = token_slots(self.page_table, self.seq_lens, self.page_size, max_len)
+            if self.window is not None:  # the query is at seq_len - 1: keys from seq_len - window on
+                pos = torch.arange(max_len, device=valid.device)
+                valid &= pos[None, :] >= (self.seq_lens.long() - self.window)[:, None]
             self.allowed = valid[:, None, :]
         return self.slots, self.allowed
 
@@ -216,15 +222,25 @@ def plan_decode(
     seq_lens: torch.Tensor,  # [B] int32, tokens in cache incl. the new one
     page_size: int,
     shared: Sequence[SharedPrefix] = (),
+    window: int | None = None,
 ) -> AttentionPlan:
-    """The layer-independent part of ``decode_attention`` (B >= 1)."""
+    """The layer-independent part of ``decode_attention`` (B >= 1); with a ``window``, each
+    query sees its last ``window`` positions only (then no ``shared`` prefixes)."""
+    _check_window(window, shared)
     if shared:
         page_table, seq_lens = _drop_leading_pages(
             page_table, seq_lens, _skipped_pages(page_table.shape[0], shared, page_table.device), page_size
         )
     prefixes = tuple(_PrefixPart(_page_slots(g.pages, page_size), g.rows) for g in shared)
     return AttentionPlan(None, None, 1, None, prefixes, page_table=page_table, seq_lens=seq_lens,
-                         page_size=page_size)
+                         page_size=page_size, window=window)
+
+
+def _check_window(window: int | None, shared: Sequence[SharedPrefix]) -> None:
+    if window is not None and window < 1:
+        raise ValueError(f"an attention window must be >= 1, got {window}")
+    if window is not None and shared:
+        raise ValueError("a windowed plan reads no shared prefixes (they are merged unmasked)")
 
 
 def plan_extend(
@@ -234,8 +250,11 @@ def plan_extend(
     qo_indptr: torch.Tensor,  # [B+1] int32
     page_size: int,
     shared: Sequence[SharedPrefix] = (),
+    window: int | None = None,
 ) -> AttentionPlan:
-    """The layer-independent part of ``extend_attention`` (B >= 1)."""
+    """The layer-independent part of ``extend_attention`` (B >= 1); ``window`` as in
+    ``plan_decode``."""
+    _check_window(window, shared)
     batch = extend_lens.shape[0]
     device = extend_lens.device
     token_req = torch.repeat_interleave(torch.arange(batch, device=device), extend_lens.long())
@@ -253,7 +272,7 @@ def plan_extend(
     slots, valid = token_slots(page_table, seq_lens, page_size, max_k)
     offset = torch.arange(token_req.shape[0], device=device) - qo_indptr.long()[token_req]
     scatter = token_req * max_q + offset  # row of each token in [B * max_q]
-    if _causal_kernel(device) and not bool(prefix_lens.any()):
+    if _causal_kernel(device) and not bool(prefix_lens.any()) and window is None:
         # NOTE: with no prefix, valid query i of request b sees keys 0..i, all < seq_len[b]:
         # the padding keys past a shorter request are never in a valid query's window
         # (padding query rows see garbage, and are dropped by ``scatter``).
@@ -262,6 +281,8 @@ def plan_extend(
     q_pos = prefix_lens.long()[:, None] + torch.arange(max_q, device=device)[None, :]
     k_pos = torch.arange(max_k, device=device)
     allowed = (k_pos[None, None, :] <= q_pos[:, :, None]) & valid[:, None, :]
+    if window is not None:  # and j > prefix_len[b] + i - window
+        allowed &= k_pos[None, None, :] > q_pos[:, :, None] - window
     return AttentionPlan(slots, allowed, max_q, scatter, tuple(prefixes))
 
 
@@ -309,8 +330,10 @@ def decode_attention(
     plan: AttentionPlan | None = None,
     k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] fp32, for an 8-bit pool
     v_scale: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
-    """Attention of each request's newest token over all its cached tokens.
+    """Attention of each request's newest token over all its cached tokens (the last
+    ``window`` of them, with a window).
 
     The new token's K/V must already be stored in the pool. ``shared`` (optional) names
     groups of requests with common leading pages; the result is the same with or without
@@ -320,7 +343,7 @@ def decode_attention(
     """
     if q.shape[0] == 0:
         return torch.empty_like(q)
-    plan = plan or plan_decode(page_table, seq_lens, page_size, shared)
+    plan = plan or plan_decode(page_table, seq_lens, page_size, shared, window)
     return run_plan(q, k_buffer, v_buffer, plan, scale, k_scale, v_scale)
 
 
@@ -338,8 +361,10 @@ def extend_attention(
     plan: AttentionPlan | None = None,
     k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] fp32, for an 8-bit pool
     v_scale: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
-    """Causal attention of new tokens over their cached prefix and each other.
+    """Causal attention of new tokens over their cached prefix and each other (with a
+    ``window``: position ``p`` sees ``p - window + 1 .. p`` only).
 
     New token ``i`` of request ``b`` sits at position ``prefix_lens[b] + i`` and attends to
     positions ``0 .. prefix_lens[b] + i``. The new tokens' K/V must already be stored.
@@ -347,7 +372,7 @@ def extend_attention(
     """
     if q.shape[0] == 0:
         return torch.empty_like(q)
-    plan = plan or plan_extend(page_table, prefix_lens, extend_lens, qo_indptr, page_size, shared)
+    plan = plan or plan_extend(page_table, prefix_lens, extend_lens, qo_indptr, page_size, shared, window)
     return run_plan(q, k_buffer, v_buffer, plan, scale, k_scale, v_scale)
 
 

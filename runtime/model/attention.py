@@ -12,7 +12,7 @@ Token order in a forward pass (T = num_extend_tokens + num_decode)::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -38,6 +38,10 @@ class AttentionMetadata:
     # forward pass and used by every layer; None on the Triton path, which needs none.
     extend_plan: AttentionPlan | None = None
     decode_plan: AttentionPlan | None = None
+    # The same for each sliding window W the model's layers use: W -> (extend, decode)
+    # plans that also hide keys W or more positions behind the query (built on every
+    # backend: windowed layers run the torch path).
+    window_plans: dict[int, tuple[AttentionPlan | None, AttentionPlan | None]] = field(default_factory=dict)
 
     @property
     def num_extend_reqs(self) -> int:
@@ -55,23 +59,27 @@ def paged_attention(
     layer_idx: int,
     scale: float,
     meta: AttentionMetadata,
+    window: int | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
     """Store the new K/V (quantized, in an int8 / fp8 pool), then attend over the pool
-    (extend part, then decode part)."""
+    (extend part, then decode part); with a ``window``, over each query's last ``window``
+    positions only (``meta.window_plans``)."""
     k_buf, v_buf, k_scale, v_scale = meta.kv.layer(layer_idx)
     kernels.store_kv(k_buf, v_buf, k, v, meta.out_slots, k_scale, v_scale)
     page_size = meta.kv.page_size
     split = meta.num_extend_tokens
+    extend_plan, decode_plan = (meta.extend_plan, meta.decode_plan) if window is None \
+        else meta.window_plans.get(window, (None, None))
     parts = []
     if meta.num_extend_reqs:
         parts.append(kernels.extend_attention(
             q[:split], k_buf, v_buf, meta.extend_page_table, meta.extend_prefix_lens,
-            meta.extend_lens, meta.extend_qo_indptr, page_size, scale, meta.extend_plan,
-            k_scale, v_scale,
+            meta.extend_lens, meta.extend_qo_indptr, page_size, scale, extend_plan,
+            k_scale, v_scale, window,
         ))
     if meta.num_decode:
         parts.append(kernels.decode_attention(
             q[split:], k_buf, v_buf, meta.decode_page_table, meta.decode_seq_lens, page_size, scale,
-            meta.decode_plan, k_scale, v_scale,
+            decode_plan, k_scale, v_scale, window,
         ))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)

@@ -24,6 +24,7 @@ from kernels import DecodeLayerWeights, DecodeModelWeights, DecodePool, Unsuppor
 from kernels.cpu.decode_step import BoundDecodeStep
 from runtime.model.kv_cache import KVCache
 from runtime.model.llama import DecoderLayer, LlamaForCausalLM
+from runtime.model.mlp import mlp_block
 from runtime.model.quant import QuantizedLinear
 
 
@@ -36,10 +37,20 @@ def _quantized(module: object, name: str) -> QuantizedLinear:
 def decode_weights(model: LlamaForCausalLM) -> DecodeModelWeights:
     """The model's weights as the fused step reads them (no copies). Raises
     ``UnsupportedDecodeModel`` for a model whose linears are not all block-quantized."""
+    args = model.args
+    if "fused_decode" not in mlp_block(args.mlp).supports:
+        raise UnsupportedDecodeModel(f"the {args.mlp!r} MLP block")
+    if args.qk_norm or args.layer_windows or args.hidden_act != "silu":
+        raise UnsupportedDecodeModel(f"the {args.family} family (q/k norms, sliding windows or a "
+                                     "non-SiLU MLP; the step has none of them)")
     layers = []
     for i, layer in enumerate(model.layers):
         assert isinstance(layer, DecoderLayer)
-        attn, mlp = layer.self_attn, layer.mlp
+        attn = layer.self_attn
+        try:
+            mlp = layer.dense_mlp("the fused decode step")
+        except NotImplementedError as exc:
+            raise UnsupportedDecodeModel(str(exc)) from exc
         qkv = _quantized(attn.qkv_proj, f"layers[{i}].qkv_proj")
         layers.append(DecodeLayerWeights(
             qkv.weight, qkv.bias, _quantized(attn.o_proj, f"layers[{i}].o_proj").weight,
@@ -50,7 +61,6 @@ def decode_weights(model: LlamaForCausalLM) -> DecodeModelWeights:
     head = _quantized(model.lm_head, "lm_head")
     if head.bias is not None:
         raise UnsupportedDecodeModel("an LM head with a bias")
-    args = model.args
     return DecodeModelWeights(tuple(layers), model.norm.weight.detach(), head.weight, args.num_heads,
                               args.num_kv_heads, args.head_dim, args.rms_norm_eps)
 

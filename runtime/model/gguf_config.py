@@ -1,45 +1,34 @@
 """What a GGUF file's metadata says about its model: the config and the expected tensors.
 
 llama.cpp writes each architecture's numbers under its own prefix (``llama.block_count``,
-``qwen2.embedding_length``...). ``ARCHITECTURES`` is the one table, keyed by
-``general.architecture``, of what differs between the families we run; everything else
-is read the same way for all. The config comes out in HF's ``config.json`` vocabulary so
-the rest of the engine (``ModelArgs.from_hf_config``, the KV pool sizing) reads one shape
-whichever way the model arrived.
+``qwen2.embedding_length``...). The family registry (``runtime.model.families``) is the
+one table of what differs between architectures, keyed by ``general.architecture`` among
+other names; everything else is read the same way for all. The config comes out in HF's
+``config.json`` vocabulary so the rest of the engine (``ModelArgs.from_hf_config``, the
+KV pool sizing) reads one shape whichever way the model arrived.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from runtime.errors import ModelLoadError
+from runtime.model.families import family_for_config, family_for_gguf
+from runtime.model.family import Family
 from runtime.model.gguf_file import GGUFFile
+from runtime.model.mlp import mlp_block
 
 
-@dataclass(frozen=True)
-class Architecture:
-    """How one ``general.architecture`` maps onto our model."""
+def architecture(gguf: GGUFFile) -> Family:
+    """The family of ``gguf``'s ``general.architecture``.
 
-    model_type: str  # HF's model_type (what ModelArgs.from_hf_config reads)
-    # llama.cpp's converter permutes the rows of each q / k head for its rotary layout
-    # (``LlamaModel.permute`` in convert_hf_to_gguf.py); loading undoes it
-    permuted_qk: bool
-    qkv_bias: bool  # q / k / v projections carry a bias (blk.N.attn_q.bias...)
-
-
-ARCHITECTURES: dict[str, Architecture] = {
-    "llama": Architecture("llama", permuted_qk=True, qkv_bias=False),  # also Mistral, SmolLM, TinyLlama
-    "qwen2": Architecture("qwen2", permuted_qk=False, qkv_bias=True),
-}
-
-
-def architecture(gguf: GGUFFile) -> Architecture:
-    arch = gguf.architecture
-    if arch not in ARCHITECTURES:
-        raise ModelLoadError(f"{gguf.path}: architecture {arch!r} is not supported "
-                             f"(supported: {', '.join(sorted(ARCHITECTURES))})")
-    return ARCHITECTURES[arch]
+    Raises:
+        ModelLoadError: no registered family reads it (the message lists those that do).
+    """
+    try:
+        return family_for_gguf(gguf.architecture)
+    except ValueError as exc:
+        raise ModelLoadError(f"{gguf.path}: {exc}") from exc
 
 
 def hf_config(gguf: GGUFFile) -> dict[str, Any]:
@@ -60,7 +49,7 @@ def hf_config(gguf: GGUFFile) -> dict[str, Any]:
     if vocab is None:
         raise ModelLoadError(f"{gguf.path}: neither {arch}.vocab_size nor tokenizer.ggml.tokens in the metadata")
     cfg: dict[str, Any] = {
-        "model_type": spec.model_type,
+        "model_type": spec.hf_model_types[0],
         "vocab_size": int(vocab),
         "hidden_size": hidden,
         "intermediate_size": int(key("feed_forward_length")),
@@ -75,12 +64,26 @@ def hf_config(gguf: GGUFFile) -> dict[str, Any]:
         "tie_word_embeddings": "output.weight" not in gguf.tensors,
     }
     if "rope_freqs.weight" in gguf.tensors:  # Llama 3's scaled frequencies, as a tensor
-        raise ModelLoadError(f"{gguf.path}: per-frequency rope factors (rope_freqs.weight) are not supported yet")
+        cfg["rope_parameters"] = _rope_factors(gguf, cfg["rope_parameters"])
+    cfg.update(spec.gguf_metadata(meta, arch))
     for name in ("bos", "eos", "pad"):
         token_id = meta.get(f"tokenizer.ggml.{'padding' if name == 'pad' else name}_token_id")
         if token_id is not None:
             cfg[f"{name}_token_id"] = int(token_id)
     return cfg
+
+
+def _rope_factors(gguf: GGUFFile, rope: dict[str, Any]) -> dict[str, Any]:
+    """The rope settings with llama.cpp's per-frequency divisors (``rope_freqs.weight``,
+    what its converter writes for Llama 3's llama3 scaling): ``inv_freq / factors``."""
+    from runtime.model.gguf_weights import (
+        GGUFTensors,  # NOTE: here: gguf_weights imports this module
+    )
+
+    if rope["rope_type"] != "default":
+        raise ModelLoadError(f"{gguf.path}: rope_freqs.weight beside rope scaling {rope['rope_type']!r}")
+    factors = GGUFTensors(gguf).dense("rope_freqs.weight").reshape(-1)
+    return {**rope, "rope_type": "freq_factors", "freq_factors": [float(f) for f in factors]}
 
 
 def _rope(meta: dict[str, Any], arch: str) -> dict[str, Any]:
@@ -93,13 +96,17 @@ def _rope(meta: dict[str, Any], arch: str) -> dict[str, Any]:
         if original is not None:
             rope["original_max_position_embeddings"] = int(original)
     elif kind not in (None, "none"):
-        raise ModelLoadError(f"rope scaling {kind!r} is not supported")
+        raise ModelLoadError(f"rope scaling {kind!r} ({arch}.rope.scaling.type) is not supported")
     return rope
 
 
 def expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """Every tensor a model of ``cfg`` reads, with its GGUF shape (innermost dim first)."""
-    hidden, ffn, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    try:
+        family = family_for_config(cfg)
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from exc
+    hidden, vocab, mlp, qk_norm = cfg["hidden_size"], cfg["vocab_size"], family.mlp, family.qk_norm
     q_rows = cfg["num_attention_heads"] * cfg["head_dim"]
     kv_rows = cfg["num_key_value_heads"] * cfg["head_dim"]
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (hidden, vocab), "output_norm.weight": (hidden,)}
@@ -111,9 +118,10 @@ def expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
             pre + "attn_norm.weight": (hidden,), pre + "ffn_norm.weight": (hidden,),
             pre + "attn_q.weight": (hidden, q_rows), pre + "attn_k.weight": (hidden, kv_rows),
             pre + "attn_v.weight": (hidden, kv_rows), pre + "attn_output.weight": (q_rows, hidden),
-            pre + "ffn_gate.weight": (hidden, ffn), pre + "ffn_up.weight": (hidden, ffn),
-            pre + "ffn_down.weight": (ffn, hidden),
         })
+        shapes.update(mlp_block(mlp).gguf_shapes(cfg, pre))
+        if qk_norm:
+            shapes.update({pre + f"attn_{p}_norm.weight": (cfg["head_dim"],) for p in "qk"})
         if cfg["attention_bias"]:
             shapes.update({pre + "attn_q.bias": (q_rows,), pre + "attn_k.bias": (kv_rows,),
                            pre + "attn_v.bias": (kv_rows,)})

@@ -42,6 +42,7 @@ from runtime.errors import ModelLoadError
 from runtime.model.gguf_config import architecture
 from runtime.model.gguf_file import GGUFFile, TensorInfo
 from runtime.model.llama import DecoderLayer, LlamaForCausalLM, ModelArgs, RMSNorm
+from runtime.model.mlp import mlp_block
 from runtime.model.quant import QuantizedEmbedding, QuantizedLinear
 
 log = logging.getLogger(__name__)
@@ -152,8 +153,10 @@ def gguf_state_dict(gguf: GGUFFile, args: ModelArgs) -> dict[str, torch.Tensor]:
         if args.qkv_bias:
             out[dst + "self_attn.qkv_proj.bias"] = torch.cat([gg.dense(pre + f"attn_{p}.bias") for p in "qkv"])
         out[dst + "self_attn.o_proj.weight"] = gg.dense(pre + "attn_output.weight")
-        out[dst + "mlp.gate_up_proj.weight"] = torch.cat([gg.dense(pre + f"ffn_{p}.weight") for p in ("gate", "up")])
-        out[dst + "mlp.down_proj.weight"] = gg.dense(pre + "ffn_down.weight")
+        if args.qk_norm:
+            for p in "qk":
+                out[dst + f"self_attn.{p}_norm.weight"] = gg.dense(pre + f"attn_{p}_norm.weight").reshape(-1)
+        out.update(mlp_block(args.mlp).gguf_state(gg, pre, dst + "mlp.", args))
         out[dst + "input_layernorm.weight"] = gg.dense(pre + "attn_norm.weight")
         out[dst + "post_attention_layernorm.weight"] = gg.dense(pre + "ffn_norm.weight")
     return out
@@ -173,8 +176,11 @@ def _read_gguf(gg: GGUFTensors, args: ModelArgs) -> Weights:
         if args.qkv_bias:
             out[dst + "qkv_bias"] = torch.cat([gg.dense(pre + f"attn_{p}.bias") for p in "qkv"])
         out[dst + "o_proj"] = gg.stacked([pre + "attn_output.weight"])
-        out[dst + "gate_up_proj"] = gg.stacked([pre + f"ffn_{p}.weight" for p in ("gate", "up")])
-        out[dst + "down_proj"] = gg.stacked([pre + "ffn_down.weight"])
+        if args.qk_norm:
+            for p in "qk":
+                out[dst + f"{p}_norm"] = gg.dense(pre + f"attn_{p}_norm.weight").reshape(-1)
+        mlp = mlp_block(args.mlp).gguf_native(gg, pre, args)
+        out.update({dst + "mlp." + name: w for name, w in mlp.items()})
         out[dst + "input_layernorm"] = gg.dense(pre + "attn_norm.weight").reshape(-1)
         out[dst + "post_attention_layernorm"] = gg.dense(pre + "ffn_norm.weight").reshape(-1)
     return out
@@ -205,8 +211,12 @@ def _build(weights: Weights, args: ModelArgs, max_positions: int) -> LlamaForCau
         bias = dense(pre + "qkv_bias") if args.qkv_bias else None
         layer.self_attn.qkv_proj = QuantizedLinear(quantized(pre + "qkv_proj"), bias)
         layer.self_attn.o_proj = QuantizedLinear(quantized(pre + "o_proj"))
-        layer.mlp.gate_up_proj = QuantizedLinear(quantized(pre + "gate_up_proj"))
-        layer.mlp.down_proj = QuantizedLinear(quantized(pre + "down_proj"))
+        if layer.self_attn.q_norm is not None and layer.self_attn.k_norm is not None:
+            _set_norm(layer.self_attn.q_norm, dense(pre + "q_norm"))
+            _set_norm(layer.self_attn.k_norm, dense(pre + "k_norm"))
+        mlp = pre + "mlp."
+        mlp_block(args.mlp).load_native(layer.mlp, {name[len(mlp):]: quantized(name) for name in weights
+                                                    if name.startswith(mlp)})
         _set_norm(layer.input_layernorm, dense(pre + "input_layernorm"))
         _set_norm(layer.post_attention_layernorm, dense(pre + "post_attention_layernorm"))
     return model.eval()

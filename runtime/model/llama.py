@@ -1,4 +1,8 @@
-"""Llama-family decoder (Llama, Llama 3, SmolLM2, TinyLlama, Qwen2) over paged KV memory.
+"""The decoder every model family shares, over paged KV memory.
+
+A family (``runtime/model/families/``) states what differs: q/k/v bias, q/k norms, the
+rotary variant, sliding windows per layer, the MLP block (``runtime.model.mlp``); the
+stack below reads those from ``ModelArgs`` and shares everything else.
 
 All tokens of a step are one flat ragged batch ``[T, hidden]``: prefill ("extend") tokens
 of every request first, then one decode token per decoding request. Nothing is padded to
@@ -18,12 +22,16 @@ from torch import nn
 import kernels
 from kernels.onednn import PackedLinear
 from runtime.model.attention import AttentionMetadata, paged_attention
-from runtime.model.rope import RotaryEmbedding
+from runtime.model.families import family_for_config
+from runtime.model.mlp import ACTIVATIONS, MLP, mlp_block
+from runtime.model.rope import RotaryEmbedding, rope_inv_freq
+
+__all__ = ["MLP", "Attention", "DecoderLayer", "LlamaForCausalLM", "ModelArgs", "RMSNorm"]
 
 
 @dataclass(frozen=True)
 class ModelArgs:
-    """The architecture numbers read from ``config.json``."""
+    """The architecture numbers read from ``config.json`` (through the model's family)."""
 
     vocab_size: int
     hidden_size: int
@@ -37,32 +45,72 @@ class ModelArgs:
     rope: dict[str, Any]
     qkv_bias: bool  # Qwen2: q/k/v projections carry a bias
     tie_word_embeddings: bool
+    family: str = "llama"  # the ``runtime.model.families`` name
+    qk_norm: bool = False  # Qwen 3: RMSNorm over each q and k head before the rotary
+    # Per layer: attend to the last W positions only (None: every position); () = none anywhere
+    layer_windows: tuple[int | None, ...] = ()
+    hidden_act: str = "silu"  # the MLP's gate activation
+    mlp: str = "dense"  # the feed-forward block (``runtime.model.mlp``)
+
+    def window(self, layer_idx: int) -> int | None:
+        return self.layer_windows[layer_idx] if self.layer_windows else None
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> ModelArgs:
-        arch = cfg.get("model_type", "llama")
-        if arch not in ("llama", "qwen2", "mistral"):
-            raise ValueError(f"unsupported model_type {arch!r} (supported: llama, qwen2, mistral)")
+        """Raises ``ValueError`` naming what we cannot run: an unknown model_type, rope
+        type, activation or layer type."""
+        family = family_for_config(cfg)
         heads = int(cfg["num_attention_heads"])
+        head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
         rope = dict(cfg.get("rope_parameters") or {})
         if not rope:  # transformers 4.x layout
             rope = dict(cfg.get("rope_scaling") or {})
             rope["rope_theta"] = cfg.get("rope_theta", 10000.0)
         rope.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
+        rope_inv_freq(head_dim, rope)  # NOTE: checks the rope type before anything is built
+        act = str(cfg.get("hidden_act") or cfg.get("hidden_activation") or "silu")
+        if act not in family.activations or act not in ACTIVATIONS:
+            raise ValueError(f"unsupported activation {act!r} for a {family.name} model "
+                             f"(supported: {', '.join(family.activations)})")
+        num_layers = int(cfg["num_hidden_layers"])
         return cls(
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=int(cfg["hidden_size"]),
             intermediate_size=int(cfg["intermediate_size"]),
-            num_layers=int(cfg["num_hidden_layers"]),
+            num_layers=num_layers,
             num_heads=heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
+            head_dim=head_dim,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             rope=rope,
-            qkv_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
+            qkv_bias=family.qkv_bias or bool(cfg.get("attention_bias", False)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            family=family.name,
+            qk_norm=family.qk_norm,
+            layer_windows=_layer_windows(cfg, num_layers, family.sliding_window),
+            hidden_act=act,
+            mlp=family.mlp,
+            **family.options(cfg),
         )
+
+
+def _layer_windows(cfg: dict[str, Any], num_layers: int, windowed: bool) -> tuple[int | None, ...]:
+    """Each layer's attention window: ``layer_types`` where the config lists them (HF 5),
+    else every layer's ``sliding_window`` for a windowed family; () when no layer has one."""
+    window = cfg.get("sliding_window")
+    kinds = cfg.get("layer_types")
+    if kinds is None:
+        kinds = ["sliding_attention" if windowed and window else "full_attention"] * num_layers
+    if len(kinds) != num_layers:
+        raise ValueError(f"layer_types lists {len(kinds)} layers, the model has {num_layers}")
+    unknown = set(kinds) - {"full_attention", "sliding_attention"}
+    if unknown:
+        raise ValueError(f"unsupported layer type(s) {sorted(unknown)}")
+    if "sliding_attention" in kinds and not window:
+        raise ValueError("layer_types has sliding_attention layers but sliding_window is not set")
+    windows = tuple(int(window or 0) if k == "sliding_attention" else None for k in kinds)
+    return windows if any(w is not None for w in windows) else ()
 
 
 class RMSNorm(nn.Module):
@@ -91,6 +139,9 @@ class Attention(nn.Module):
         self.qkv_proj: nn.Module = nn.Linear(args.hidden_size, q_size + 2 * kv_size, bias=args.qkv_bias)
         self.o_proj: nn.Module = nn.Linear(q_size, args.hidden_size, bias=False)
         self.scale = self.head_dim**-0.5
+        self.window = args.window(layer_idx)
+        self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if args.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if args.qk_norm else None
 
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata
@@ -101,22 +152,15 @@ class Attention(nn.Module):
         # q and k are adjacent in the fused output: rotate both heads' worth in place.
         heads = self.num_heads + self.num_kv_heads
         qk = qkv[:, : q_size + kv_size].view(num_tokens, heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:  # NOTE: a new [T, Hq + Hkv, D] tensor
+            d = self.head_dim
+            qk = torch.cat([self.q_norm(qk[:, : self.num_heads].reshape(-1, d)).view(num_tokens, -1, d),
+                            self.k_norm(qk[:, self.num_heads :].reshape(-1, d)).view(num_tokens, -1, d)], dim=1)
         kernels.apply_rotary(qk, *rope)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, q_size + kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
-        out = paged_attention(q, k, v, self.layer_idx, self.scale, meta)  # [T, Hq, D]
+        out = paged_attention(q, k, v, self.layer_idx, self.scale, meta, self.window)  # [T, Hq, D]
         return self.o_proj(out.reshape(num_tokens, -1))
-
-
-class MLP(nn.Module):
-    def __init__(self, args: ModelArgs) -> None:
-        super().__init__()
-        self.inter = args.intermediate_size
-        self.gate_up_proj: nn.Module = nn.Linear(args.hidden_size, 2 * self.inter, bias=False)  # fused
-        self.down_proj: nn.Module = nn.Linear(self.inter, args.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -125,7 +169,17 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.self_attn = Attention(args, layer_idx)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.mlp = MLP(args)
+        self.mlp = mlp_block(args.mlp).build(args)
+
+    def dense_mlp(self, what: str) -> MLP:
+        """The layer's MLP, when it is the dense one; ``what`` needs it to be.
+
+        Raises:
+            NotImplementedError: another block (experts) stands there, naming it and ``what``.
+        """
+        if not isinstance(self.mlp, MLP):
+            raise NotImplementedError(f"{what} is not supported with the {type(self.mlp).__name__} MLP block")
+        return self.mlp
 
     def forward(
         self,
@@ -171,8 +225,9 @@ class LlamaForCausalLM(nn.Module):
             attn, mlp = layer.self_attn, layer.mlp
             attn.qkv_proj = PackedLinear.from_linear(attn.qkv_proj)
             attn.o_proj = PackedLinear.from_linear(attn.o_proj)
-            mlp.gate_up_proj = PackedLinear.from_linear(mlp.gate_up_proj)
-            mlp.down_proj = PackedLinear.from_linear(mlp.down_proj)
+            if isinstance(mlp, MLP):  # NOTE: another block (experts) keeps its own layout
+                mlp.gate_up_proj = PackedLinear.from_linear(mlp.gate_up_proj)
+                mlp.down_proj = PackedLinear.from_linear(mlp.down_proj)
         self.lm_head = PackedLinear(self.embed_tokens.weight) if self.lm_head is None \
             else PackedLinear.from_linear(self.lm_head)
 

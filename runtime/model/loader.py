@@ -24,6 +24,7 @@ from runtime.errors import ModelLoadError
 from runtime.model.convert import convert_gguf_to_hf_dir
 from runtime.model.default_model import default_gguf_file, default_model_dir, is_default
 from runtime.model.llama import LlamaForCausalLM, ModelArgs
+from runtime.model.mlp import mlp_block
 
 
 def resolve_source(model: str | None) -> Path:
@@ -101,6 +102,7 @@ def load_model(
 ) -> LlamaForCausalLM:
     """Build the model from ``config.json`` and load its safetensors weights."""
     args = model_args(read_config(model_dir), model_dir)
+    check_checkpoint(model_dir, args)
     state = _fused_state_dict(_read_safetensors(model_dir), args)
     return build_model(args, state, device, dtype, max_positions)
 
@@ -128,6 +130,22 @@ def build_model(args: ModelArgs, state: dict[str, torch.Tensor], device: torch.d
     model.load_state_dict(state, strict=True, assign=True)
     model.rope = type(model.rope)(args.head_dim, max_positions, args.rope)  # real buffers
     return model.to(device=device, dtype=dtype).eval()
+
+
+def check_checkpoint(model_dir: Path, args: ModelArgs) -> None:
+    """Raise ``ModelLoadError`` naming the first weight ``args``' model needs that the
+    checkpoint lacks, from the files' headers alone (before any weight is read)."""
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for file in sorted(model_dir.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                names.update(f.keys())
+        except Exception as exc:  # safetensors raises its own error types
+            raise ModelLoadError(f"cannot read weights {file}: {exc}") from exc
+    empty = torch.empty(0, device="meta")
+    _fused_state_dict(dict.fromkeys(names, empty), args)  # NOTE: meta tensors: only the names are checked
 
 
 def _read_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -160,9 +178,10 @@ def _fused_state_dict(hf: dict[str, torch.Tensor], args: ModelArgs) -> dict[str,
         if args.qkv_bias:
             out[dst + "self_attn.qkv_proj.bias"] = torch.cat([take(attn + f"{p}_proj.bias") for p in "qkv"])
         out[dst + "self_attn.o_proj.weight"] = take(attn + "o_proj.weight")
-        mlp = src + "mlp."
-        out[dst + "mlp.gate_up_proj.weight"] = torch.cat([take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")])
-        out[dst + "mlp.down_proj.weight"] = take(mlp + "down_proj.weight")
+        if args.qk_norm:
+            out[dst + "self_attn.q_norm.weight"] = take(attn + "q_norm.weight")
+            out[dst + "self_attn.k_norm.weight"] = take(attn + "k_norm.weight")
+        out.update(mlp_block(args.mlp).hf_state(take, src + "mlp.", dst + "mlp.", args))
         out[dst + "input_layernorm.weight"] = take(src + "input_layernorm.weight")
         out[dst + "post_attention_layernorm.weight"] = take(src + "post_attention_layernorm.weight")
     return out

@@ -95,7 +95,7 @@ def shard_model(model: LlamaForCausalLM, plan: ShardPlan) -> None:
     gate_up_rows = torch.cat([inter_rows, args.intermediate_size + inter_rows])
     for layer in model.layers:
         assert isinstance(layer, DecoderLayer)
-        attn, mlp = layer.self_attn, layer.mlp
+        attn, mlp = layer.self_attn, layer.dense_mlp("tensor parallelism")
         attn.qkv_proj = _linear(attn.qkv_proj, rows=qkv_rows)
         attn.o_proj = _linear(attn.o_proj, cols=q_rows)
         _set_heads(attn, len(plan.q_heads), len(plan.kv_heads))
@@ -118,7 +118,8 @@ def add_collectives(model: LlamaForCausalLM, plan: ShardPlan, group: dist.Proces
     for layer in model.layers:
         assert isinstance(layer, DecoderLayer)
         layer.self_attn.o_proj = AllReduce(layer.self_attn.o_proj, group)
-        layer.mlp.down_proj = AllReduce(layer.mlp.down_proj, group)
+        mlp = layer.dense_mlp("tensor parallelism")
+        mlp.down_proj = AllReduce(mlp.down_proj, group)
     assert isinstance(model.embed_tokens, nn.Embedding)
     model.embed_tokens = VocabParallelEmbedding(model.embed_tokens, plan, group)
     assert model.lm_head is not None

@@ -101,7 +101,7 @@ def quantize_model(model: LlamaForCausalLM, fmt: str) -> None:
     quantize = FORMATS[fmt]
     for layer in model.layers:
         assert isinstance(layer, DecoderLayer)
-        attn, mlp = layer.self_attn, layer.mlp
+        attn, mlp = layer.self_attn, layer.dense_mlp(f"weights={fmt!r}")
         attn.qkv_proj = QuantizedLinear.from_linear(attn.qkv_proj, quantize)
         attn.o_proj = QuantizedLinear.from_linear(attn.o_proj, quantize)
         mlp.gate_up_proj = QuantizedLinear.from_linear(mlp.gate_up_proj, quantize)

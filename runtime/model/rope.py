@@ -1,4 +1,5 @@
-"""Rotary position embeddings (HF "rotate half" layout), with Llama 3 frequency scaling."""
+"""Rotary position embeddings (HF "rotate half" layout), with Llama 3 frequency scaling
+(HF's settings, or llama.cpp's per-frequency factors)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,11 @@ def rope_inv_freq(head_dim: int, rope: dict[str, Any]) -> torch.Tensor:  # [head
         inv_freq = _llama3_scale(inv_freq, rope)
     elif kind == "linear":
         inv_freq = inv_freq / float(rope["factor"])
+    elif kind == "freq_factors":  # llama.cpp's rope_freqs.weight: a divisor per frequency
+        factors = torch.tensor(rope["freq_factors"], dtype=torch.float64)
+        if factors.shape != inv_freq.shape:
+            raise ValueError(f"{factors.numel()} rope frequency factors for {inv_freq.numel()} frequencies")
+        inv_freq = inv_freq / factors
     elif kind not in ("default", None):
         raise ValueError(f"unsupported rope_type {kind!r}")
     return inv_freq.float()

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 import kernels
-from kernels import SharedPrefix
+from kernels import AttentionPlan, SharedPrefix
 from runtime.model.attention import AttentionMetadata
 from runtime.model.fused_decode import FusedDecode
 from runtime.model.kv_cache import KVCache
@@ -135,6 +135,7 @@ class ModelRunner:
             extend_qo_indptr=i32(indptr),
             decode_page_table=dec_table.to(self.device),
             decode_seq_lens=i32([n + 1 for n in dec_starts]),
+            window_plans=self._window_plans(batch, ext_table, dec_table, ext_starts, ext_lens, indptr, dec_starts),
         )
         if kernels.get_kernel_backend(self.device) == "triton":
             return meta  # the Triton kernels read the pool in place: nothing to plan
@@ -147,6 +148,26 @@ class ModelRunner:
             self._shared_prefixes(dec_table, dec_starts),
         ) if batch.decode else None
         return dataclasses.replace(meta, extend_plan=extend_plan, decode_plan=decode_plan)
+
+    def _window_plans(
+        self, batch: ForwardBatch, ext_table: torch.Tensor, dec_table: torch.Tensor, ext_starts: list[int],
+        ext_lens: list[int], indptr: list[int], dec_starts: list[int],
+    ) -> dict[int, tuple[AttentionPlan | None, AttentionPlan | None]]:
+        """(extend, decode) plans for each sliding window the model's layers use (torch
+        path on every device; no shared prefixes: those are merged unmasked)."""
+        def i32(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int32, device=self.device)
+
+        plans = {}
+        for window in sorted({w for w in self.model.args.layer_windows if w is not None}):
+            extend = kernels.plan_extend(
+                ext_table.to(self.device), i32(ext_starts), i32(ext_lens), i32(indptr), self.page_size, (), window,
+            ) if batch.extend else None
+            decode = kernels.plan_decode(
+                dec_table.to(self.device), i32([n + 1 for n in dec_starts]), self.page_size, (), window,
+            ) if batch.decode else None
+            plans[window] = (extend, decode)
+        return plans
 
     def _shared_prefixes(self, table: torch.Tensor, starts: list[int]) -> tuple[SharedPrefix, ...]:
         """Groups of rows whose leading pages are the same pool pages.
