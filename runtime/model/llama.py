@@ -24,6 +24,7 @@ from kernels.onednn import PackedLinear
 from runtime.model.attention import AttentionMetadata, paged_attention
 from runtime.model.families import family_for_config
 from runtime.model.mlp import ACTIVATIONS, MLP, mlp_block
+from runtime.model.moe import MoEArgs
 from runtime.model.rope import RotaryEmbedding, rope_inv_freq
 
 __all__ = ["MLP", "Attention", "DecoderLayer", "LlamaForCausalLM", "ModelArgs", "RMSNorm"]
@@ -51,6 +52,7 @@ class ModelArgs:
     layer_windows: tuple[int | None, ...] = ()
     hidden_act: str = "silu"  # the MLP's gate activation
     mlp: str = "dense"  # the feed-forward block (``runtime.model.mlp``)
+    moe: MoEArgs | None = None  # the experts of a mixture-of-experts family (``runtime.model.moe``)
 
     def window(self, layer_idx: int) -> int | None:
         return self.layer_windows[layer_idx] if self.layer_windows else None
@@ -169,7 +171,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.self_attn = Attention(args, layer_idx)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.mlp = mlp_block(args.mlp).build(args)
+        self.mlp = mlp_block(args.mlp).build(args, layer_idx)
 
     def dense_mlp(self, what: str) -> MLP:
         """The layer's MLP, when it is the dense one; ``what`` needs it to be.

@@ -13,16 +13,23 @@ The router stays fp32: it is E x H, and a flipped top-k choice is a different mo
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 import kernels
 from kernels import ExpertWeights, QuantizedWeight
-from kernels.reference.quant import TILE_ROWS
+from kernels.reference.quant import TILE_ROWS, untile
+from runtime.errors import ModelLoadError
+from runtime.model.mlp import DENSE, MLP, MLPBlock, Take, register_mlp
+
+if TYPE_CHECKING:
+    from runtime.model.gguf_weights import GGUFTensors
+    from runtime.model.llama import ModelArgs
 
 HF_MOE_TYPES = ("qwen3_moe", "mixtral")
 
@@ -69,6 +76,11 @@ class MoEArgs:
     def has_experts(self, layer_idx: int) -> bool:
         """Whether layer ``layer_idx`` has an experts block (else a dense MLP)."""
         return layer_idx not in self.dense_layers and (layer_idx + 1) % self.sparse_step == 0
+
+
+def moe_options(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A mixture-of-experts family's extra ``ModelArgs`` (``Family.options``)."""
+    return {"moe": MoEArgs.from_hf_config(cfg)}
 
 
 class SparseMoeBlock(nn.Module):
@@ -190,3 +202,85 @@ def interleave_gate_up(stacked: QuantizedWeight, num_experts: int) -> QuantizedW
     inter = stacked.out_features // (2 * num_experts)
     rows = torch.arange(2 * num_experts * inter).view(2, num_experts, inter).transpose(0, 1).reshape(-1)
     return stacked.rows(rows)
+
+
+# ---- the family hook ---------------------------------------------------------------------------
+def _layer_idx(prefix: str) -> int:
+    """The layer of a checkpoint prefix ("model.layers.3.mlp.", "blk.3."): the MLPBlock hooks
+    other than ``build`` see only the prefix."""
+    found = re.search(r"(\d+)\.(?:mlp\.)?$", prefix)
+    if found is None:
+        raise ValueError(f"no layer index in the prefix {prefix!r}")
+    return int(found.group(1))
+
+
+def _moe(args: ModelArgs) -> MoEArgs:
+    if args.moe is None:
+        raise ValueError(f"the {args.family} family's experts block needs ModelArgs.moe")
+    return args.moe
+
+
+def _present(take: Take, name: str) -> bool:
+    try:
+        take(name)
+    except ModelLoadError:
+        return False
+    return True
+
+
+class ExpertsBlock(MLPBlock):
+    """A mixture of experts where the MLP is (``SparseMoeBlock``), the dense MLP in the
+    layers without experts (Qwen3-MoE's ``mlp_only_layers`` / ``decoder_sparse_step``).
+    int8 / int4 quantize the experts; tensor parallelism and the fused decode step (whose
+    C layer has a dense MLP) are refused by the engine, naming this block."""
+
+    name = "experts"
+    supports = frozenset({"int8", "int4"})
+
+    def build(self, args: ModelArgs, layer_idx: int = 0) -> nn.Module:
+        moe = _moe(args)
+        return SparseMoeBlock(args.hidden_size, moe) if moe.has_experts(layer_idx) else MLP(args)
+
+    def hf_state(self, take: Take, src: str, dst: str, args: ModelArgs) -> dict[str, torch.Tensor]:
+        moe = _moe(args)
+        if not moe.has_experts(_layer_idx(src)):
+            return DENSE.hf_state(take, src, dst, args)
+        if args.family == "mixtral":  # HF Mixtral checkpoints: model.layers.N.block_sparse_moe.
+            src = src.removesuffix("mlp.") + "block_sparse_moe."
+        state = hf_experts_state(take, lambda name: _present(take, name), src, moe.num_experts)
+        return {dst + name: t for name, t in state.items()}
+
+    def gguf_shapes(self, cfg: dict[str, int], pre: str) -> dict[str, tuple[int, ...]]:
+        moe = MoEArgs.from_hf_config(cfg)
+        if not moe.has_experts(_layer_idx(pre)):
+            return DENSE.gguf_shapes(cfg, pre)
+        return gguf_experts_shapes(pre, cfg["hidden_size"], moe)
+
+    def gguf_state(self, gg: GGUFTensors, pre: str, dst: str, args: ModelArgs) -> dict[str, torch.Tensor]:
+        if not _moe(args).has_experts(_layer_idx(pre)):
+            return DENSE.gguf_state(gg, pre, dst, args)
+        return {dst + name: t for name, t in gguf_experts_state(gg.dense, pre).items()}
+
+    def gguf_native(self, gg: GGUFTensors, pre: str, args: ModelArgs) -> dict[str, QuantizedWeight | torch.Tensor]:
+        """The experts in the file's own blocks (row layout: ``prepare_quantized`` tiles
+        them where each expert has whole tiles), the router dequantized to fp32."""
+        moe = _moe(args)
+        if not moe.has_experts(_layer_idx(pre)):
+            return DENSE.gguf_native(gg, pre, args)
+        gate, up, down = (pre + name for name in GGUF_EXPERTS)
+        return {"gate.weight": gg.dense(pre + GGUF_ROUTER),
+                "gate_up_proj": interleave_gate_up(gg.stacked([gate, up]), moe.num_experts),
+                "down_proj": untile(gg.stacked([down]))}
+
+    def load_native(self, module: nn.Module, weights: dict[str, QuantizedWeight | torch.Tensor]) -> None:
+        if not isinstance(module, SparseMoeBlock):
+            return DENSE.load_native(module, weights)
+        router, gate_up, down = weights["gate.weight"], weights["gate_up_proj"], weights["down_proj"]
+        assert isinstance(router, torch.Tensor) and isinstance(gate_up, QuantizedWeight)
+        assert isinstance(down, QuantizedWeight)
+        module.gate.weight = nn.Parameter(router.float(), requires_grad=False)
+        module.set_quantized(gate_up, down)
+        return None
+
+
+EXPERTS = register_mlp(ExpertsBlock())

@@ -27,6 +27,7 @@ import kernels
 from kernels import QuantizedWeight
 from kernels.reference.quant import dequantize, quantize_int4, quantize_int8
 from runtime.model.llama import DecoderLayer, LlamaForCausalLM
+from runtime.model.moe import SparseMoeBlock
 
 
 class QuantizedLinear(nn.Module):
@@ -101,9 +102,13 @@ def quantize_model(model: LlamaForCausalLM, fmt: str) -> None:
     quantize = FORMATS[fmt]
     for layer in model.layers:
         assert isinstance(layer, DecoderLayer)
-        attn, mlp = layer.self_attn, layer.dense_mlp(f"weights={fmt!r}")
+        attn = layer.self_attn
         attn.qkv_proj = QuantizedLinear.from_linear(attn.qkv_proj, quantize)
         attn.o_proj = QuantizedLinear.from_linear(attn.o_proj, quantize)
+        if isinstance(layer.mlp, SparseMoeBlock):  # experts stacked, quantized per row like a linear
+            layer.mlp.quantize(quantize.linear)
+            continue
+        mlp = layer.dense_mlp(f"weights={fmt!r}")
         mlp.gate_up_proj = QuantizedLinear.from_linear(mlp.gate_up_proj, quantize)
         mlp.down_proj = QuantizedLinear.from_linear(mlp.down_proj, quantize)
     assert isinstance(model.embed_tokens, nn.Embedding), "already quantized"
@@ -120,6 +125,8 @@ def quantized_nbytes(model: nn.Module) -> int:
     for module in model.modules():
         if isinstance(module, QuantizedLinear | QuantizedEmbedding):
             seen[id(module.weight)] = module.weight.nbytes
+        elif isinstance(module, SparseMoeBlock):
+            seen[id(module)] = module.quantized_nbytes
     return sum(seen.values())
 
 
@@ -151,3 +158,5 @@ def _swap_weights(model: nn.Module, convert: Callable[[QuantizedWeight], Quantiz
             if key not in done:
                 done[key] = convert(module.weight)
             module.weight = done[key]
+        elif isinstance(module, SparseMoeBlock):
+            module.convert_quantized(convert)
