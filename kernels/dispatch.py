@@ -146,18 +146,20 @@ def decode_attention(
     k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] fp32, for an int8 / fp8 pool
     v_scale: torch.Tensor | None = None,
     window: int | None = None,  # attend to the last ``window`` positions only
+    softcap: float | None = None,  # scores -> softcap * tanh(scores / softcap)
 ) -> torch.Tensor:  # [B, Hq, D]
     """See ``kernels.reference.attention.decode_attention``.
 
     ``plan`` (``plan_decode``, built once per forward pass, with any shared prefixes) only
     changes the cost on the CPU; the Triton kernel reads every page in place and needs
     none. The native CPU kernel reads the pages the plan leaves to each row in place and
-    merges the plan's shared prefixes as the reference does. A ``window`` runs the
-    reference on every device (the native and Triton kernels have none).
+    merges the plan's shared prefixes as the reference does. A ``window`` or a ``softcap``
+    runs the reference on every device (the native and Triton kernels have neither).
     """
-    if window is not None:
+    if window is not None or softcap is not None:
         return reference.decode_attention(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale,
-                                          plan=plan, k_scale=k_scale, v_scale=v_scale, window=window)
+                                          plan=plan, k_scale=k_scale, v_scale=v_scale, window=window,
+                                          softcap=softcap)
     if _use_triton(q):
         from kernels.triton.decode_attention import decode_attention as triton_impl
 
@@ -191,10 +193,11 @@ def extend_attention(
     k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] fp32, for an int8 / fp8 pool
     v_scale: torch.Tensor | None = None,
     window: int | None = None,  # attend to the last ``window`` positions only
+    softcap: float | None = None,  # scores -> softcap * tanh(scores / softcap)
 ) -> torch.Tensor:  # [T, Hq, D]
     """See ``kernels.reference.attention.extend_attention`` (``plan`` and ``window`` as in
     decode, from ``plan_extend``)."""
-    if _use_triton(q) and window is None:
+    if _use_triton(q) and window is None and softcap is None:
         from kernels.triton.extend_attention import extend_attention as triton_impl
 
         return triton_impl(
@@ -203,7 +206,7 @@ def extend_attention(
         )
     return reference.extend_attention(
         q, k_buffer, v_buffer, page_table, prefix_lens, extend_lens, qo_indptr, page_size, scale,
-        plan=plan, k_scale=k_scale, v_scale=v_scale, window=window,
+        plan=plan, k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap,
     )
 
 

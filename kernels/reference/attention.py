@@ -84,6 +84,7 @@ def _attend(
     v: torch.Tensor,  # [B, Lk, Hkv, D]
     mask: torch.Tensor | None,  # [B, 1, G*Lq, Lk] additive, q's dtype (see AttentionPlan)
     scale: float,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # out [B, Lq, Hq, D], log-sum-exp [B, Lq, Hq]
     batch, q_len, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[2]
@@ -92,7 +93,8 @@ def _attend(
     # K/V are never repeated and torch's fused CPU SDPA kernel does the rest.
     qg = q.view(batch, q_len, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
     qg = qg.reshape(batch, num_kv_heads, group * q_len, head_dim)
-    out, lse = _sdpa_with_lse(qg, k.transpose(1, 2).to(q.dtype), v.transpose(1, 2).to(q.dtype), mask, scale)
+    out, lse = _sdpa_with_lse(qg, k.transpose(1, 2).to(q.dtype), v.transpose(1, 2).to(q.dtype), mask, scale,
+                              softcap)
     out = out.view(batch, num_kv_heads, group, q_len, head_dim).permute(0, 3, 1, 2, 4)
     lse = lse.view(batch, num_kv_heads, group, q_len).permute(0, 3, 1, 2)
     return out.reshape(batch, q_len, num_q_heads, head_dim), lse.reshape(batch, q_len, num_q_heads)
@@ -125,15 +127,18 @@ def _sdpa_with_lse(
     v: torch.Tensor,  # [B, H, Lk, D]
     mask: torch.Tensor | None,  # [B, 1, Lq, Lk] additive (0 or -inf), q's dtype
     scale: float,
+    softcap: float | None = None,  # scores -> softcap * tanh(scores / softcap), before the mask
 ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, H, Lq, D], [B, H, Lq]
     """SDPA that also returns each row's log-sum-exp (natural log) of the scaled scores."""
-    if q.device.type == "cpu" and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
+    if q.device.type == "cpu" and softcap is None and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
         # The kernel behind F.scaled_dot_product_attention on the CPU.
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, False, attn_mask=mask, scale=scale
         )
         return out, lse
     scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
         scores = scores + mask
     lse = torch.logsumexp(scores, dim=-1)
@@ -207,8 +212,12 @@ class AttentionPlan:
         """Additive [B, 1, group * Lq, L] mask for ``group`` query heads per KV head."""
         key = (dtype, group)
         if key not in self._masks:
-            _, allowed = self.gather_slots()
-            assert allowed is not None, "a causal plan has no mask"
+            slots, allowed = self.gather_slots()
+            if allowed is None:  # a causal plan: query i sees keys 0..i (NOTE: no prefix)
+                assert self.causal, "a plan without a mask is causal"
+                k_pos = torch.arange(slots.shape[1], device=slots.device)
+                allowed = (k_pos[None, :] <= torch.arange(self.max_q, device=slots.device)[:, None])[None]
+                allowed = allowed.expand(slots.shape[0], self.max_q, slots.shape[1])
             batch, q_len, keys = allowed.shape
             allowed = allowed[:, None, None].expand(batch, 1, group, q_len, keys)
             allowed = allowed.reshape(batch, 1, group * q_len, keys)
@@ -294,6 +303,7 @@ def run_plan(
     scale: float,
     k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] fp32, for an 8-bit pool
     v_scale: torch.Tensor | None = None,
+    softcap: float | None = None,  # scores -> softcap * tanh(scores / softcap)
 ) -> torch.Tensor:  # [T, Hq, D]
     """Attention of ``q`` as planned: one gather of each request's slots, one SDPA call,
     then every shared prefix read once and merged in."""
@@ -303,18 +313,18 @@ def run_plan(
     group = heads // k_buffer.shape[1]
     k, v = _gather(k_buffer, slots, k_scale), _gather(v_buffer, slots, v_scale)  # [B, L, Hkv, D]
     if plan.scatter is None:  # decode: one query row per request
-        out, lse = _attend(q[:, None], k, v, plan.mask(q.dtype, group), scale)
+        out, lse = _attend(q[:, None], k, v, plan.mask(q.dtype, group), scale, softcap)
         out, lse = out[:, 0], lse[:, 0]
     else:  # extend: scatter the ragged queries into [B, max_q, Hq, D]
         q_pad = q.new_zeros(batch * plan.max_q, heads, dim).index_copy_(0, plan.scatter, q)
         q_pad = q_pad.view(batch, plan.max_q, heads, dim)
-        if plan.causal:
+        if plan.causal and softcap is None:
             out, lse = _attend_causal(q_pad, k, v, scale)
         else:
-            out, lse = _attend(q_pad, k, v, plan.mask(q.dtype, group), scale)
+            out, lse = _attend(q_pad, k, v, plan.mask(q.dtype, group), scale, softcap)
         out = out.reshape(batch * plan.max_q, heads, dim).index_select(0, plan.scatter)
         lse = lse.reshape(batch * plan.max_q, heads).index_select(0, plan.scatter)
-    merge_shared_prefixes(out, lse, q, plan, k_buffer, v_buffer, scale, k_scale, v_scale)
+    merge_shared_prefixes(out, lse, q, plan, k_buffer, v_buffer, scale, k_scale, v_scale, softcap)
     return out
 
 
@@ -331,6 +341,7 @@ def decode_attention(
     k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] fp32, for an 8-bit pool
     v_scale: torch.Tensor | None = None,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
     """Attention of each request's newest token over all its cached tokens (the last
     ``window`` of them, with a window).
@@ -344,7 +355,7 @@ def decode_attention(
     if q.shape[0] == 0:
         return torch.empty_like(q)
     plan = plan or plan_decode(page_table, seq_lens, page_size, shared, window)
-    return run_plan(q, k_buffer, v_buffer, plan, scale, k_scale, v_scale)
+    return run_plan(q, k_buffer, v_buffer, plan, scale, k_scale, v_scale, softcap)
 
 
 def extend_attention(
@@ -362,6 +373,7 @@ def extend_attention(
     k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] fp32, for an 8-bit pool
     v_scale: torch.Tensor | None = None,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
     """Causal attention of new tokens over their cached prefix and each other (with a
     ``window``: position ``p`` sees ``p - window + 1 .. p`` only).
@@ -373,7 +385,7 @@ def extend_attention(
     if q.shape[0] == 0:
         return torch.empty_like(q)
     plan = plan or plan_extend(page_table, prefix_lens, extend_lens, qo_indptr, page_size, shared, window)
-    return run_plan(q, k_buffer, v_buffer, plan, scale, k_scale, v_scale)
+    return run_plan(q, k_buffer, v_buffer, plan, scale, k_scale, v_scale, softcap)
 
 
 # ---- shared prefixes ------------------------------------------------------------------------
@@ -408,10 +420,11 @@ def merge_shared_prefixes(
     scale: float,
     k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] fp32, for an 8-bit pool
     v_scale: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> None:
     """Fold each of ``plan``'s shared prefixes into the rows that hold it."""
     for part in plan.prefixes:
-        _merge_prefix(out, lse, q, part, k_buffer, v_buffer, scale, k_scale, v_scale)
+        _merge_prefix(out, lse, q, part, k_buffer, v_buffer, scale, k_scale, v_scale, softcap)
 
 
 def _merge_prefix(
@@ -424,6 +437,7 @@ def _merge_prefix(
     scale: float,
     k_scale: torch.Tensor | None,
     v_scale: torch.Tensor | None,
+    softcap: float | None = None,
 ) -> None:
     """Fold attention over a shared prefix into its rows' partial results.
 
@@ -435,7 +449,7 @@ def _merge_prefix(
     v = _gather(v_buffer, part.slots[None], v_scale)
     every = rows.numel() == out.shape[0]  # the common case: the whole batch shares it
     rows_q = q if every else q.index_select(0, rows)
-    pre_out, pre_lse = _attend(rows_q[None], k, v, None, scale)  # [1, n, Hq, D], [1, n, Hq]
+    pre_out, pre_lse = _attend(rows_q[None], k, v, None, scale, softcap)  # [1, n, Hq, D], [1, n, Hq]
     rest_out = out if every else out.index_select(0, rows)
     rest_lse = lse if every else lse.index_select(0, rows)
     top = torch.maximum(pre_lse[0], rest_lse)

@@ -60,10 +60,12 @@ def paged_attention(
     scale: float,
     meta: AttentionMetadata,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
     """Store the new K/V (quantized, in an int8 / fp8 pool), then attend over the pool
     (extend part, then decode part); with a ``window``, over each query's last ``window``
-    positions only (``meta.window_plans``)."""
+    positions only (``meta.window_plans``); with a ``softcap``, scores are soft-capped
+    (``cap * tanh(s / cap)``, Gemma 2)."""
     k_buf, v_buf, k_scale, v_scale = meta.kv.layer(layer_idx)
     kernels.store_kv(k_buf, v_buf, k, v, meta.out_slots, k_scale, v_scale)
     page_size = meta.kv.page_size
@@ -75,11 +77,11 @@ def paged_attention(
         parts.append(kernels.extend_attention(
             q[:split], k_buf, v_buf, meta.extend_page_table, meta.extend_prefix_lens,
             meta.extend_lens, meta.extend_qo_indptr, page_size, scale, extend_plan,
-            k_scale, v_scale, window,
+            k_scale, v_scale, window, softcap,
         ))
     if meta.num_decode:
         parts.append(kernels.decode_attention(
             q[split:], k_buf, v_buf, meta.decode_page_table, meta.decode_seq_lens, page_size, scale,
-            decode_plan, k_scale, v_scale, window,
+            decode_plan, k_scale, v_scale, window, softcap,
         ))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)

@@ -39,7 +39,11 @@ class Family:
     # llama.cpp's converter permutes the rows of each q / k head for its rotary layout
     # (``LlamaModel.permute`` in convert_hf_to_gguf.py); loading a GGUF file undoes it
     permuted_qk: bool = False
+    fused_qkv: bool = False  # the checkpoint holds q, k and v as one weight (Phi-3: qkv_proj / attn_qkv)
     sliding_window: bool = False  # config.json "sliding_window" bounds every layer's attention
+    # HF checkpoints store each RMSNorm weight as w of ``x * (1 + w)`` (Gemma): added at load
+    norm_offset: float = 0.0
+    sandwich_norms: bool = False  # each block's output is normed before its residual add (Gemma)
     activations: tuple[str, ...] = ("silu",)  # the MLP gate activations it accepts
     mlp: str = "dense"  # the feed-forward block (``runtime.model.mlp.MLPBlock`` name)
     # config.json -> extra ``ModelArgs`` fields (checked: raise ValueError naming an unknown key)

@@ -40,9 +40,14 @@ def decode_weights(model: LlamaForCausalLM) -> DecodeModelWeights:
     args = model.args
     if "fused_decode" not in mlp_block(args.mlp).supports:
         raise UnsupportedDecodeModel(f"the {args.mlp!r} MLP block")
-    if args.qk_norm or args.layer_windows or args.hidden_act != "silu":
-        raise UnsupportedDecodeModel(f"the {args.family} family (q/k norms, sliding windows or a "
-                                     "non-SiLU MLP; the step has none of them)")
+    differs = {"q/k norms": args.qk_norm, "sliding windows": bool(args.layer_windows),
+               "a non-SiLU MLP": args.hidden_act != "silu", "partial rotary": args.rotary_dim != args.head_dim,
+               "Gemma's norms, scales and caps": args.sandwich_norms or args.embed_scale is not None
+               or args.attn_scale is not None or args.attn_softcap is not None or args.final_softcap is not None
+               or args.local_rope is not None}
+    if any(differs.values()):
+        raise UnsupportedDecodeModel(f"the {args.family} family ({', '.join(k for k, v in differs.items() if v)}: "
+                                     "the step has none of them)")
     layers = []
     for i, layer in enumerate(model.layers):
         assert isinstance(layer, DecoderLayer)

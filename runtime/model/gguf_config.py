@@ -59,7 +59,8 @@ def hf_config(gguf: GGUFFile) -> dict[str, Any]:
         "head_dim": int(key("attention.key_length", hidden // heads)),
         "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon")),
         "max_position_embeddings": int(key("context_length")),
-        "rope_parameters": _rope(meta, arch),
+        "rope_parameters": _rope(meta, arch, hidden // heads if f"{arch}.attention.key_length" not in meta
+                                 else int(meta[f"{arch}.attention.key_length"])),
         "attention_bias": spec.qkv_bias,
         "tie_word_embeddings": "output.weight" not in gguf.tensors,
     }
@@ -76,18 +77,17 @@ def hf_config(gguf: GGUFFile) -> dict[str, Any]:
 def _rope_factors(gguf: GGUFFile, rope: dict[str, Any]) -> dict[str, Any]:
     """The rope settings with llama.cpp's per-frequency divisors (``rope_freqs.weight``,
     what its converter writes for Llama 3's llama3 scaling): ``inv_freq / factors``."""
-    from runtime.model.gguf_weights import (
-        GGUFTensors,  # NOTE: here: gguf_weights imports this module
-    )
-
     if rope["rope_type"] != "default":
         raise ModelLoadError(f"{gguf.path}: rope_freqs.weight beside rope scaling {rope['rope_type']!r}")
-    factors = GGUFTensors(gguf).dense("rope_freqs.weight").reshape(-1)
-    return {**rope, "rope_type": "freq_factors", "freq_factors": [float(f) for f in factors]}
+    factors = gguf.dense("rope_freqs.weight").reshape(-1)
+    return {**rope, "rope_type": "freq_factors", "freq_factors": factors.tolist()}
 
 
-def _rope(meta: dict[str, Any], arch: str) -> dict[str, Any]:
+def _rope(meta: dict[str, Any], arch: str, head_dim: int) -> dict[str, Any]:
     rope: dict[str, Any] = {"rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0)), "rope_type": "default"}
+    rotary = meta.get(f"{arch}.rope.dimension_count")
+    if rotary is not None and int(rotary) != head_dim:  # partial rotary (Phi-4-mini)
+        rope["partial_rotary_factor"] = int(rotary) / head_dim
     kind = meta.get(f"{arch}.rope.scaling.type")
     if kind == "linear":
         rope["rope_type"] = kind
@@ -116,9 +116,15 @@ def expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         pre = f"blk.{i}."
         shapes.update({
             pre + "attn_norm.weight": (hidden,), pre + "ffn_norm.weight": (hidden,),
-            pre + "attn_q.weight": (hidden, q_rows), pre + "attn_k.weight": (hidden, kv_rows),
-            pre + "attn_v.weight": (hidden, kv_rows), pre + "attn_output.weight": (q_rows, hidden),
+            **({pre + "post_attention_norm.weight": (hidden,), pre + "post_ffw_norm.weight": (hidden,)}
+               if family.sandwich_norms else {}),
+            pre + "attn_output.weight": (q_rows, hidden),
         })
+        if family.fused_qkv:
+            shapes[pre + "attn_qkv.weight"] = (hidden, q_rows + 2 * kv_rows)
+        else:
+            shapes.update({pre + "attn_q.weight": (hidden, q_rows), pre + "attn_k.weight": (hidden, kv_rows),
+                           pre + "attn_v.weight": (hidden, kv_rows)})
         shapes.update(mlp_block(mlp).gguf_shapes(cfg, pre))
         if qk_norm:
             shapes.update({pre + f"attn_{p}_norm.weight": (cfg["head_dim"],) for p in "qk"})

@@ -204,6 +204,18 @@ class GGUFFile:
         info = self.tensor(name)
         return np.frombuffer(self._map, np.uint8, info.nbytes, info.offset)
 
+    def dense(self, name: str) -> np.ndarray:  # float32, GGUF's shape reversed (torch order)
+        """The tensor dequantized (``gguf``'s dequantization), a copy of its own."""
+        import gguf
+
+        info = self.tensor(name)
+        raw = self.raw(name).reshape(info.num_elements // info.shape[0], -1)
+        values = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(info.type_id))
+        # NOTE: a copy (F32 is a view of the read-only map); numpy's result is ours otherwise
+        out = np.array(values, dtype=np.float32, copy=info.type_name == "F32")
+        self.release(name)
+        return out.reshape(tuple(reversed(info.shape)))
+
     def release(self, name: str) -> None:
         """Drop the tensor's pages from this process's resident set once it has been read
         (they are clean file pages: a later read maps them in again). Loading then holds

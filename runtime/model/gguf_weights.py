@@ -91,14 +91,7 @@ class GGUFTensors:
         return weights[0] if len(weights) == 1 else _fused(names[0], weights)
 
     def dense(self, name: str) -> torch.Tensor:  # [*shape] float32 (torch order), dequantized if need be
-        import gguf
-
-        info, raw = self._raw(name)
-        values = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(info.type_id))
-        # NOTE: a copy (F32 is a view of the read-only map); numpy's result is ours otherwise
-        out = torch.from_numpy(np.array(values, dtype=np.float32, copy=info.type_name == "F32"))
-        self.gguf.release(name)
-        return out.reshape(tuple(reversed(info.shape)))
+        return torch.from_numpy(self.gguf.dense(name))
 
     def quantized(self, name: str) -> QuantizedWeight:
         """A 2-D weight ``[N, K]`` as ``QuantizedWeight`` (its own blocks where we have a
@@ -124,6 +117,18 @@ def _unpermute_rows(num_heads: int, rows: int) -> torch.Tensor:
     return torch.arange(rows).reshape(num_heads, half, 2).transpose(1, 2).reshape(rows)
 
 
+def _norm_names(args: ModelArgs) -> dict[str, str]:
+    """A layer's norms: our module name -> llama.cpp's tensor name (below ``blk.N.``)."""
+    names = {"input_layernorm": "attn_norm.weight", "post_attention_layernorm": "ffn_norm.weight"}
+    if args.sandwich_norms:  # Gemma: the attention's and the MLP's output norms
+        names.update({"attn_output_norm": "post_attention_norm.weight", "mlp_output_norm": "post_ffw_norm.weight"})
+    return names
+
+
+def _qkv_rows(args: ModelArgs) -> list[int]:
+    return [args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim, args.num_kv_heads * args.head_dim]
+
+
 Weights = dict[str, QuantizedWeight | torch.Tensor]  # our module names -> tensors
 
 
@@ -145,7 +150,8 @@ def gguf_state_dict(gguf: GGUFFile, args: ModelArgs) -> dict[str, torch.Tensor]:
         out["lm_head.weight"] = gg.dense("output.weight")
     for i in range(args.num_layers):
         pre, dst = f"blk.{i}.", f"layers.{i}."
-        q, k, v = (gg.dense(pre + f"attn_{p}.weight") for p in "qkv")
+        q, k, v = gg.dense(pre + "attn_qkv.weight").split(_qkv_rows(args)) if architecture(gguf).fused_qkv \
+            else (gg.dense(pre + f"attn_{p}.weight") for p in "qkv")
         if permute:
             q = q.index_select(0, _unpermute_rows(args.num_heads, q.shape[0]))
             k = k.index_select(0, _unpermute_rows(args.num_kv_heads, k.shape[0]))
@@ -157,13 +163,13 @@ def gguf_state_dict(gguf: GGUFFile, args: ModelArgs) -> dict[str, torch.Tensor]:
             for p in "qk":
                 out[dst + f"self_attn.{p}_norm.weight"] = gg.dense(pre + f"attn_{p}_norm.weight").reshape(-1)
         out.update(mlp_block(args.mlp).gguf_state(gg, pre, dst + "mlp.", args))
-        out[dst + "input_layernorm.weight"] = gg.dense(pre + "attn_norm.weight")
-        out[dst + "post_attention_layernorm.weight"] = gg.dense(pre + "ffn_norm.weight")
+        for ours, theirs in _norm_names(args).items():
+            out[dst + ours + ".weight"] = gg.dense(pre + theirs).reshape(-1)
     return out
 
 
 def _read_gguf(gg: GGUFTensors, args: ModelArgs) -> Weights:
-    permute = architecture(gg.gguf).permuted_qk
+    permute, fused = architecture(gg.gguf).permuted_qk, architecture(gg.gguf).fused_qkv
     out: Weights = {"norm": gg.dense("output_norm.weight").reshape(-1),
                     "embed_tokens": gg.stacked(["token_embd.weight"])}
     if gg.has("output.weight"):
@@ -172,7 +178,8 @@ def _read_gguf(gg: GGUFTensors, args: ModelArgs) -> Weights:
         pre, dst = f"blk.{i}.", f"layers.{i}."
         orders = [_unpermute_rows(args.num_heads, args.num_heads * args.head_dim),
                   _unpermute_rows(args.num_kv_heads, args.num_kv_heads * args.head_dim), None] if permute else None
-        out[dst + "qkv_proj"] = gg.stacked([pre + f"attn_{p}.weight" for p in "qkv"], orders)
+        out[dst + "qkv_proj"] = gg.stacked([pre + "attn_qkv.weight"]) if fused \
+            else gg.stacked([pre + f"attn_{p}.weight" for p in "qkv"], orders)
         if args.qkv_bias:
             out[dst + "qkv_bias"] = torch.cat([gg.dense(pre + f"attn_{p}.bias") for p in "qkv"])
         out[dst + "o_proj"] = gg.stacked([pre + "attn_output.weight"])
@@ -181,8 +188,8 @@ def _read_gguf(gg: GGUFTensors, args: ModelArgs) -> Weights:
                 out[dst + f"{p}_norm"] = gg.dense(pre + f"attn_{p}_norm.weight").reshape(-1)
         mlp = mlp_block(args.mlp).gguf_native(gg, pre, args)
         out.update({dst + "mlp." + name: w for name, w in mlp.items()})
-        out[dst + "input_layernorm"] = gg.dense(pre + "attn_norm.weight").reshape(-1)
-        out[dst + "post_attention_layernorm"] = gg.dense(pre + "ffn_norm.weight").reshape(-1)
+        for ours, theirs in _norm_names(args).items():
+            out[dst + ours] = gg.dense(pre + theirs).reshape(-1)
     return out
 
 
@@ -201,7 +208,7 @@ def _build(weights: Weights, args: ModelArgs, max_positions: int) -> LlamaForCau
 
     with torch.device("meta"):
         model = LlamaForCausalLM(args, max_positions)
-    model.rope = type(model.rope)(args.head_dim, max_positions, args.rope)  # real buffers
+    model.build_rope(max_positions)  # real buffers
     _set_norm(model.norm, dense("norm"))
     model.embed_tokens = QuantizedEmbedding(quantized("embed_tokens"))
     model.lm_head = QuantizedLinear(quantized("lm_head" if "lm_head" in weights else "embed_tokens"))
@@ -217,8 +224,8 @@ def _build(weights: Weights, args: ModelArgs, max_positions: int) -> LlamaForCau
         mlp = pre + "mlp."
         mlp_block(args.mlp).load_native(layer.mlp, {name[len(mlp):]: w for name, w in weights.items()
                                                     if name.startswith(mlp)})
-        _set_norm(layer.input_layernorm, dense(pre + "input_layernorm"))
-        _set_norm(layer.post_attention_layernorm, dense(pre + "post_attention_layernorm"))
+        for ours in _norm_names(args):
+            _set_norm(getattr(layer, ours), dense(pre + ours))
     return model.eval()
 
 

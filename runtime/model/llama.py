@@ -52,7 +52,20 @@ class ModelArgs:
     layer_windows: tuple[int | None, ...] = ()
     hidden_act: str = "silu"  # the MLP's gate activation
     mlp: str = "dense"  # the feed-forward block (``runtime.model.mlp``)
+    # Gemma's differences (None / False: as Llama)
+    local_rope: dict[str, Any] | None = None  # the rope of the sliding-window layers, when theirs differs
+    embed_scale: float | None = None  # the embeddings multiplied by this (sqrt(hidden))
+    attn_scale: float | None = None  # the attention scale (default head_dim ** -0.5)
+    attn_softcap: float | None = None  # attention scores -> cap * tanh(scores / cap)
+    final_softcap: float | None = None  # logits -> cap * tanh(logits / cap)
+    sandwich_norms: bool = False  # each block's output is normed too, before its residual add
+
     moe: MoEArgs | None = None  # the experts of a mixture-of-experts family (``runtime.model.moe``)
+
+    @property
+    def rotary_dim(self) -> int:
+        """The leading dims of each q / k head that rotate (Phi-4-mini: 3/4 of them)."""
+        return int(self.head_dim * float(self.rope.get("partial_rotary_factor", 1.0)))
 
     def window(self, layer_idx: int) -> int | None:
         return self.layer_windows[layer_idx] if self.layer_windows else None
@@ -65,6 +78,11 @@ class ModelArgs:
         heads = int(cfg["num_attention_heads"])
         head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
         rope = dict(cfg.get("rope_parameters") or {})
+        local_rope = None
+        if "full_attention" in rope:  # transformers 5: one rope per layer type (Gemma 3)
+            local_rope = dict(rope.get("sliding_attention") or rope["full_attention"])
+            rope = dict(rope["full_attention"])
+            rope_inv_freq(head_dim, local_rope)
         if not rope:  # transformers 4.x layout
             rope = dict(cfg.get("rope_scaling") or {})
             rope["rope_theta"] = cfg.get("rope_theta", 10000.0)
@@ -93,6 +111,8 @@ class ModelArgs:
             layer_windows=_layer_windows(cfg, num_layers, family.sliding_window),
             hidden_act=act,
             mlp=family.mlp,
+            local_rope=None if local_rope == rope else local_rope,
+            sandwich_norms=family.sandwich_norms,
             **family.options(cfg),
         )
 
@@ -140,8 +160,10 @@ class Attention(nn.Module):
         # NOTE: q, k and v projections are fused into one matmul (weights concatenated at load).
         self.qkv_proj: nn.Module = nn.Linear(args.hidden_size, q_size + 2 * kv_size, bias=args.qkv_bias)
         self.o_proj: nn.Module = nn.Linear(q_size, args.hidden_size, bias=False)
-        self.scale = self.head_dim**-0.5
+        self.scale = self.head_dim**-0.5 if args.attn_scale is None else args.attn_scale
+        self.softcap = args.attn_softcap
         self.window = args.window(layer_idx)
+        self.rotary_dim = args.rotary_dim
         self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if args.qk_norm else None
 
@@ -158,10 +180,10 @@ class Attention(nn.Module):
             d = self.head_dim
             qk = torch.cat([self.q_norm(qk[:, : self.num_heads].reshape(-1, d)).view(num_tokens, -1, d),
                             self.k_norm(qk[:, self.num_heads :].reshape(-1, d)).view(num_tokens, -1, d)], dim=1)
-        kernels.apply_rotary(qk, *rope)
+        kernels.apply_rotary(qk if self.rotary_dim == self.head_dim else qk[..., : self.rotary_dim], *rope)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, q_size + kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
-        out = paged_attention(q, k, v, self.layer_idx, self.scale, meta, self.window)  # [T, Hq, D]
+        out = paged_attention(q, k, v, self.layer_idx, self.scale, meta, self.window, self.softcap)  # [T, Hq, D]
         return self.o_proj(out.reshape(num_tokens, -1))
 
 
@@ -172,6 +194,9 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(args, layer_idx)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = mlp_block(args.mlp).build(args, layer_idx)
+        # Gemma's sandwich: the attention's and the MLP's outputs normed before their residual adds
+        self.attn_output_norm = RMSNorm(args.hidden_size, args.rms_norm_eps) if args.sandwich_norms else None
+        self.mlp_output_norm = RMSNorm(args.hidden_size, args.rms_norm_eps) if args.sandwich_norms else None
 
     def dense_mlp(self, what: str) -> MLP:
         """The layer's MLP, when it is the dense one; ``what`` needs it to be.
@@ -196,8 +221,12 @@ class DecoderLayer(nn.Module):
             x, residual = self.input_layernorm(h), h
         else:
             x, residual = self.input_layernorm.add_and_norm(h, residual)
-        x, residual = self.post_attention_layernorm.add_and_norm(self.self_attn(x, rope, meta), residual)
-        return self.mlp(x), residual
+        if self.attn_output_norm is None or self.mlp_output_norm is None:
+            x, residual = self.post_attention_layernorm.add_and_norm(self.self_attn(x, rope, meta), residual)
+            return self.mlp(x), residual
+        attn = self.attn_output_norm(self.self_attn(x, rope, meta))
+        x, residual = self.post_attention_layernorm.add_and_norm(attn, residual)
+        return self.mlp_output_norm(self.mlp(x)), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -210,7 +239,9 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens: nn.Module = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(args, i) for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.rope = RotaryEmbedding(args.head_dim, max_positions, args.rope)
+        self.rope = RotaryEmbedding(args.rotary_dim, max_positions, args.rope)
+        self.local_rope = None if args.local_rope is None else RotaryEmbedding(args.rotary_dim, max_positions,
+                                                                                args.local_rope)
         self.lm_head: nn.Module | None = None if args.tie_word_embeddings else nn.Linear(
             args.hidden_size, args.vocab_size, bias=False
         )
@@ -242,13 +273,26 @@ class LlamaForCausalLM(nn.Module):
         logits_idx: torch.Tensor,  # [N] int64, rows of T that need logits
     ) -> torch.Tensor:  # [N, vocab] float32
         h = self.embed_tokens(input_ids)
-        rope = self.rope.lookup(positions)  # the same for every layer
+        if self.args.embed_scale is not None:
+            h = h * torch.tensor(self.args.embed_scale, dtype=h.dtype)
+        rope = self.rope.lookup(positions)  # the same for every layer (of a kind)
+        local = rope if self.local_rope is None else self.local_rope.lookup(positions)
         residual: torch.Tensor | None = None
         for layer in self.layers:
-            h, residual = layer(h, residual, rope, meta)
+            assert isinstance(layer, DecoderLayer)
+            h, residual = layer(h, residual, rope if layer.self_attn.window is None else local, meta)
         assert residual is not None, "a model has at least one layer"
         h, _ = self.norm.add_and_norm(h.index_select(0, logits_idx), residual.index_select(0, logits_idx))
         if self.lm_head is None:  # tied, not prepacked nor quantized
             assert isinstance(self.embed_tokens, nn.Embedding)
-            return F.linear(h, self.embed_tokens.weight).float()
-        return self.lm_head(h).float()
+            logits = F.linear(h, self.embed_tokens.weight).float()
+        else:
+            logits = self.lm_head(h).float()
+        cap = self.args.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def build_rope(self, max_positions: int) -> None:
+        """The rotary tables for ``max_positions`` (real buffers, after a meta-device build)."""
+        self.rope = RotaryEmbedding(self.args.rotary_dim, max_positions, self.args.rope)
+        if self.args.local_rope is not None:
+            self.local_rope = RotaryEmbedding(self.args.rotary_dim, max_positions, self.args.local_rope)

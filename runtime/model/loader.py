@@ -23,6 +23,7 @@ from runtime import env
 from runtime.errors import ModelLoadError
 from runtime.model.convert import convert_gguf_to_hf_dir
 from runtime.model.default_model import default_gguf_file, default_model_dir, is_default
+from runtime.model.families import FAMILIES
 from runtime.model.llama import LlamaForCausalLM, ModelArgs
 from runtime.model.mlp import mlp_block
 
@@ -128,7 +129,7 @@ def build_model(args: ModelArgs, state: dict[str, torch.Tensor], device: torch.d
     with torch.device("meta"):
         model = LlamaForCausalLM(args, max_positions)
     model.load_state_dict(state, strict=True, assign=True)
-    model.rope = type(model.rope)(args.head_dim, max_positions, args.rope)  # real buffers
+    model.build_rope(max_positions)  # real buffers
     return model.to(device=device, dtype=dtype).eval()
 
 
@@ -168,13 +169,15 @@ def _fused_state_dict(hf: dict[str, torch.Tensor], args: ModelArgs) -> dict[str,
             raise ModelLoadError(f"weight {name!r} missing from the checkpoint")
         return hf[name].float()
 
+    family = FAMILIES[args.family]
     out = {"embed_tokens.weight": take("model.embed_tokens.weight"), "norm.weight": take("model.norm.weight")}
     if not args.tie_word_embeddings:
         out["lm_head.weight"] = take("lm_head.weight")
     for i in range(args.num_layers):
         src, dst = f"model.layers.{i}.", f"layers.{i}."
         attn = src + "self_attn."
-        out[dst + "self_attn.qkv_proj.weight"] = torch.cat([take(attn + f"{p}_proj.weight") for p in "qkv"])
+        out[dst + "self_attn.qkv_proj.weight"] = take(attn + "qkv_proj.weight") if family.fused_qkv \
+            else torch.cat([take(attn + f"{p}_proj.weight") for p in "qkv"])
         if args.qkv_bias:
             out[dst + "self_attn.qkv_proj.bias"] = torch.cat([take(attn + f"{p}_proj.bias") for p in "qkv"])
         out[dst + "self_attn.o_proj.weight"] = take(attn + "o_proj.weight")
@@ -183,7 +186,14 @@ def _fused_state_dict(hf: dict[str, torch.Tensor], args: ModelArgs) -> dict[str,
             out[dst + "self_attn.k_norm.weight"] = take(attn + "k_norm.weight")
         out.update(mlp_block(args.mlp).hf_state(take, src + "mlp.", dst + "mlp.", args))
         out[dst + "input_layernorm.weight"] = take(src + "input_layernorm.weight")
-        out[dst + "post_attention_layernorm.weight"] = take(src + "post_attention_layernorm.weight")
+        if args.sandwich_norms:  # Gemma's HF names: post_attention_layernorm is the attention's output norm
+            out[dst + "attn_output_norm.weight"] = take(src + "post_attention_layernorm.weight")
+            out[dst + "post_attention_layernorm.weight"] = take(src + "pre_feedforward_layernorm.weight")
+            out[dst + "mlp_output_norm.weight"] = take(src + "post_feedforward_layernorm.weight")
+        else:
+            out[dst + "post_attention_layernorm.weight"] = take(src + "post_attention_layernorm.weight")
+    if family.norm_offset:  # NOTE: x * (1 + w) in fp32, as HF computes it
+        out.update({k: v + family.norm_offset for k, v in out.items() if k.endswith("norm.weight")})
     return out
 
 

@@ -102,6 +102,28 @@ class MLPBlock:
             setattr(module, name, QuantizedLinear(weight))
 
 
+class FusedGateUp(MLPBlock):
+    """The dense MLP stored with gate and up as one weight (Phi-3: ``gate_up_proj``, GGUF
+    ``ffn_up`` of twice the rows, gate first), as we hold it."""
+
+    name = "dense_fused"
+
+    def hf_state(self, take: Take, src: str, dst: str, args: ModelArgs) -> dict[str, torch.Tensor]:
+        return {dst + "gate_up_proj.weight": take(src + "gate_up_proj.weight"),
+                dst + "down_proj.weight": take(src + "down_proj.weight")}
+
+    def gguf_shapes(self, cfg: dict[str, int], pre: str) -> dict[str, tuple[int, ...]]:
+        hidden, ffn = cfg["hidden_size"], cfg["intermediate_size"]
+        return {pre + "ffn_up.weight": (hidden, 2 * ffn), pre + "ffn_down.weight": (ffn, hidden)}
+
+    def gguf_state(self, gg: GGUFTensors, pre: str, dst: str, args: ModelArgs) -> dict[str, torch.Tensor]:
+        return {dst + "gate_up_proj.weight": gg.dense(pre + "ffn_up.weight"),
+                dst + "down_proj.weight": gg.dense(pre + "ffn_down.weight")}
+
+    def gguf_native(self, gg: GGUFTensors, pre: str, args: ModelArgs) -> dict[str, QuantizedWeight | torch.Tensor]:
+        return {"gate_up_proj": gg.stacked([pre + "ffn_up.weight"]), "down_proj": gg.stacked([pre + "ffn_down.weight"])}
+
+
 MLP_BLOCKS: dict[str, MLPBlock] = {}
 
 
@@ -117,3 +139,4 @@ def mlp_block(name: str) -> MLPBlock:
 
 
 DENSE = register_mlp(MLPBlock())
+DENSE_FUSED = register_mlp(FusedGateUp())

@@ -26,6 +26,7 @@ from kernels import ExpertWeights, QuantizedWeight
 from kernels.reference.quant import TILE_ROWS, untile
 from runtime.errors import ModelLoadError
 from runtime.model.mlp import DENSE, MLP, MLPBlock, Take, register_mlp
+from runtime.model.quant import QuantizedBlock
 
 if TYPE_CHECKING:
     from runtime.model.gguf_weights import GGUFTensors
@@ -83,7 +84,7 @@ def moe_options(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"moe": MoEArgs.from_hf_config(cfg)}
 
 
-class SparseMoeBlock(nn.Module):
+class SparseMoeBlock(QuantizedBlock):
     """Router + experts; ``forward`` maps ``[T, hidden]`` to ``[T, hidden]``."""
 
     def __init__(self, hidden_size: int, args: MoEArgs) -> None:

@@ -19,6 +19,7 @@ cast the fp16 scales to the model dtype. Quantize after the model is on its devi
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -26,8 +27,9 @@ from torch import nn
 import kernels
 from kernels import QuantizedWeight
 from kernels.reference.quant import dequantize, quantize_int4, quantize_int8
-from runtime.model.llama import DecoderLayer, LlamaForCausalLM
-from runtime.model.moe import SparseMoeBlock
+
+if TYPE_CHECKING:  # NOTE: the decoder's MLP block module (mlp.py) builds QuantizedLinear from here
+    from runtime.model.llama import DecoderLayer, LlamaForCausalLM
 
 
 class QuantizedLinear(nn.Module):
@@ -53,6 +55,24 @@ class QuantizedLinear(nn.Module):
         group = "row" if w.blocks_per_group is None else 32 * w.blocks_per_group
         return (f"in_features={self.in_features}, out_features={self.out_features}, bits={w.bits}, "
                 f"group={group}, bias={self.bias is not None}")
+
+
+class QuantizedBlock(nn.Module):
+    """A block that holds quantized weights its own way rather than as ``QuantizedLinear``
+    modules (a mixture of experts' stacked experts, ``runtime.model.moe``): the swaps of
+    this module call these."""
+
+    def quantize(self, linear: Callable[[torch.Tensor], QuantizedWeight]) -> None:
+        """Quantize the block's float weights with ``linear`` (``QuantizedFormat.linear``)."""
+        raise NotImplementedError
+
+    def convert_quantized(self, convert: Callable[[QuantizedWeight], QuantizedWeight]) -> None:
+        """Replace each quantized weight with ``convert(weight)`` (a move, the tiled layout)."""
+        raise NotImplementedError
+
+    @property
+    def quantized_nbytes(self) -> int:
+        raise NotImplementedError
 
 
 class QuantizedEmbedding(nn.Module):
@@ -100,12 +120,12 @@ def quantize_model(model: LlamaForCausalLM, fmt: str) -> None:
     if fmt not in FORMATS:
         raise ValueError(f"unknown quantized format {fmt!r} (use one of {sorted(FORMATS)})")
     quantize = FORMATS[fmt]
-    for layer in model.layers:
-        assert isinstance(layer, DecoderLayer)
+    for module in model.layers:
+        layer = cast("DecoderLayer", module)
         attn = layer.self_attn
         attn.qkv_proj = QuantizedLinear.from_linear(attn.qkv_proj, quantize)
         attn.o_proj = QuantizedLinear.from_linear(attn.o_proj, quantize)
-        if isinstance(layer.mlp, SparseMoeBlock):  # experts stacked, quantized per row like a linear
+        if isinstance(layer.mlp, QuantizedBlock):  # e.g. experts stacked, quantized per row like a linear
             layer.mlp.quantize(quantize.linear)
             continue
         mlp = layer.dense_mlp(f"weights={fmt!r}")
@@ -125,7 +145,7 @@ def quantized_nbytes(model: nn.Module) -> int:
     for module in model.modules():
         if isinstance(module, QuantizedLinear | QuantizedEmbedding):
             seen[id(module.weight)] = module.weight.nbytes
-        elif isinstance(module, SparseMoeBlock):
+        elif isinstance(module, QuantizedBlock):
             seen[id(module)] = module.quantized_nbytes
     return sum(seen.values())
 
@@ -158,5 +178,5 @@ def _swap_weights(model: nn.Module, convert: Callable[[QuantizedWeight], Quantiz
             if key not in done:
                 done[key] = convert(module.weight)
             module.weight = done[key]
-        elif isinstance(module, SparseMoeBlock):
+        elif isinstance(module, QuantizedBlock):
             module.convert_quantized(convert)

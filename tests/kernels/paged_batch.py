@@ -90,9 +90,13 @@ def naive_attention(
     q: torch.Tensor,  # [T, Hq, D], new tokens request after request
     batch: PagedBatch,
     scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [T, Hq, D] fp32
     """Per-request ``F.scaled_dot_product_attention`` on K/V gathered by walking the page
-    table in Python, GQA by ``repeat_interleave``: an oracle independent of the reference."""
+    table in Python, GQA by ``repeat_interleave``: an oracle independent of the reference.
+    ``window``: position p sees p - window + 1 .. p only; ``softcap``: scores become
+    ``softcap * tanh(s / softcap)`` (an explicit softmax)."""
     outs = []
     for b in range(batch.page_table.shape[0]):
         prefix, ext = int(batch.prefix_lens[b]), int(batch.extend_lens[b])
@@ -107,8 +111,15 @@ def naive_attention(
         group = qb.shape[0] // k.shape[0]
         k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
         # new token i (position prefix + i) sees positions 0 .. prefix + i
-        allowed = torch.arange(prefix + ext)[None, :] <= prefix + torch.arange(ext)[:, None]
-        out = F.scaled_dot_product_attention(qb, k, v, attn_mask=allowed, scale=scale)
+        q_pos, k_pos = prefix + torch.arange(ext)[:, None], torch.arange(prefix + ext)[None, :]
+        allowed = k_pos <= q_pos
+        if window is not None:
+            allowed &= k_pos > q_pos - window
+        if softcap is None:
+            out = F.scaled_dot_product_attention(qb, k, v, attn_mask=allowed, scale=scale)
+        else:
+            scores = softcap * torch.tanh(qb @ k.transpose(1, 2) * scale / softcap)
+            out = scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v
         outs.append(out.transpose(0, 1))  # [ext, Hq, D]
     return torch.cat(outs, dim=0)
 

@@ -64,6 +64,37 @@ def test_reference_extend_matches_naive_sdpa(
     torch.testing.assert_close(again, out, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize(("window", "softcap"), [(5, None), (None, 2.0), (5, 2.0)])
+@pytest.mark.parametrize("prefix_lens", [[0, 5, 16, 33], [0, 0, 0, 0]], ids=["prefixed", "fresh"])
+def test_windows_and_soft_caps_match_naive(window: int | None, softcap: float | None, prefix_lens: list[int]) -> None:
+    """Sliding windows (Mistral, Gemma) and soft-capped scores (Gemma 2), extend and
+    decode, on the dispatcher (the reference on every backend for such layers)."""
+    import kernels
+
+    extend_lens, page_size = [7, 1, 20, 9], 4
+    batch = make_paged_batch(prefix_lens, extend_lens, 2, HEAD_DIM, page_size, torch.float32)
+    q = random_q(sum(extend_lens), 4, HEAD_DIM, torch.float32)
+    out = kernels.extend_attention(q, batch.k_buffer, batch.v_buffer, batch.page_table, batch.prefix_lens,
+                                   batch.extend_lens, batch.qo_indptr, page_size, SCALE, window=window,
+                                   softcap=softcap)
+    want = naive_attention(q, batch, SCALE, window, softcap)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    decode = make_paged_batch([p + e - 1 for p, e in zip(prefix_lens, extend_lens, strict=True)],
+                              [1] * 4, 2, HEAD_DIM, page_size, torch.float32)
+    q1 = random_q(4, 4, HEAD_DIM, torch.float32)
+    out1 = kernels.decode_attention(q1, decode.k_buffer, decode.v_buffer, decode.page_table, decode.seq_lens,
+                                    page_size, SCALE, window=window, softcap=softcap)
+    torch.testing.assert_close(out1, naive_attention(q1, decode, SCALE, window, softcap), atol=1e-5, rtol=1e-5)
+
+
+def test_a_window_plan_refuses_shared_prefixes() -> None:
+    from kernels.reference.attention import SharedPrefix, plan_decode
+
+    shared = [SharedPrefix(torch.tensor([1]), torch.tensor([0, 1]))]
+    with pytest.raises(ValueError, match="a windowed plan reads no shared prefixes"):
+        plan_decode(torch.ones(2, 2, dtype=torch.int32), torch.tensor([3, 3], dtype=torch.int32), 2, shared, 4)
+
+
 def test_reference_store_kv_writes_exactly_the_given_slots() -> None:
     k_buffer, v_buffer = (
         torch.zeros(10, 2, 4, dtype=torch.float16),
