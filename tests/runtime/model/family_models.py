@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,9 +82,12 @@ def _llama3_rope_factors(cfg: dict[str, Any]) -> np.ndarray:
 
 
 def write_family_gguf(hf_dir: Path, out: Path, arch: str, tokenizer_source: GGUFFile, qtype: str = "F32",
-                      permute_qk: bool = False, drop: tuple[str, ...] = ()) -> Path:
+                      permute_qk: bool = False, drop: tuple[str, ...] = (),
+                      extra: Callable[[Any, dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None) -> Path:
     """``hf_dir``'s model as a GGUF file of ``arch`` (linears in ``qtype``, norms in F32),
-    with ``tokenizer_source``'s tokenizer metadata; ``drop``: tensors left out."""
+    with ``tokenizer_source``'s tokenizer metadata; ``drop``: tensors left out; ``extra``
+    (writer, HF tensors) writes a family's own metadata and returns its own tensors (a
+    mixture of experts': ``test_moe_families.py``)."""
     import gguf
     from safetensors.torch import load_file
 
@@ -127,6 +131,8 @@ def write_family_gguf(hf_dir: Path, out: Path, arch: str, tokenizer_source: GGUF
         tensors["output_norm.weight"] = tensors["output_norm.weight"] + 1.0
     if cfg["rope_parameters"].get("rope_type") == "llama3":
         tensors["rope_freqs.weight"] = _llama3_rope_factors(cfg)
+    if extra is not None:
+        tensors.update(extra(w, hf))
     for i in range(cfg["num_hidden_layers"]):
         for src, dst in {**_LAYER_NAMES, **(_GEMMA_NORMS if gemma else {})}.items():
             name = f"model.layers.{i}.{src}"
