@@ -32,6 +32,8 @@ from kernels.dispatch import (
     enable_cpu_kernels,
     extend_attention,
     get_kernel_backend,
+    group_by_expert,
+    moe_experts,
     plan_decode,
     plan_extend,
     prepare_quantized,
@@ -39,11 +41,13 @@ from kernels.dispatch import (
     quantized_linear,
     reads_tiles,
     rms_norm,
+    route_topk,
     set_kernel_backend,
     silu_and_mul,
     store_kv,
 )
 from kernels.reference.kv_quant import KV_QUANT_QMAX, dequantize_kv, is_quantized_kv, quantize_kv
+from kernels.reference.moe import ExpertGroups, ExpertWeights
 from kernels.reference.quant import QuantizedWeight
 
 __all__ = [
@@ -52,6 +56,8 @@ __all__ = [
     "DecodeLayerWeights",
     "DecodeModelWeights",
     "DecodePool",
+    "ExpertGroups",
+    "ExpertWeights",
     "SharedPrefix",
     "UnsupportedDecodeModel",
     "add_rms_norm",
@@ -62,6 +68,8 @@ __all__ = [
     "enable_cpu_kernels",
     "extend_attention",
     "get_kernel_backend",
+    "group_by_expert",
+    "moe_experts",
     "is_quantized_kv",
     "plan_decode",
     "plan_extend",
@@ -72,6 +80,7 @@ __all__ = [
     "quant_kernel_max_rows",
     "quantized_linear",
     "rms_norm",
+    "route_topk",
     "set_kernel_backend",
     "silu_and_mul",
     "store_kv",

@@ -30,6 +30,7 @@ from kernels.cpu.decode_step import (
 )
 from kernels.cpu.quant_linear import CpuQuantLinear
 from kernels.reference.attention import AttentionPlan, SharedPrefix
+from kernels.reference.moe import ExpertGroups, ExpertWeights, combine, grouped_experts
 from kernels.reference.quant import TILE_ROWS, QuantizedWeight, tile
 
 KernelBackend = Literal["auto", "torch", "cpu", "triton"]
@@ -340,6 +341,42 @@ def quantized_linear(
     if kernel.has_bf16:
         return reference.bf16_linear(x, kernel.dequantize(weight, torch.bfloat16), bias)
     return F.linear(x, kernel.dequantize(weight), bias)
+
+
+def route_topk(logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """See ``kernels.reference.moe.route_topk`` (a softmax and a top-k: torch on every device)."""
+    return reference.route_topk(logits, top_k, normalize)
+
+
+def group_by_expert(weights: torch.Tensor, ids: torch.Tensor, num_experts: int) -> ExpertGroups:
+    """See ``kernels.reference.moe.group_by_expert``."""
+    return reference.group_by_expert(weights, ids, num_experts)
+
+
+def moe_experts(
+    x: torch.Tensor,  # [T, H]
+    groups: ExpertGroups,
+    experts: ExpertWeights,
+) -> torch.Tensor:  # [T, H]
+    """See ``kernels.reference.moe.moe_experts``: the rows sorted by expert go through the
+    Triton grouped GEMM (CUDA, float weights), the C kernel (CPU, quantized weights: its
+    int8 activations as in ``quantized_linear``), or one matmul per expert through this
+    dispatcher's ``quantized_linear`` / ``F.linear`` and ``silu_and_mul``."""
+    x_sorted = x.index_select(0, groups.token_idx)
+    if _use_triton(x) and not experts.quantized:
+        from kernels.triton.grouped_experts import grouped_experts as triton_impl
+
+        assert isinstance(experts.gate_up, torch.Tensor) and isinstance(experts.down, torch.Tensor)
+        rows = triton_impl(x_sorted, groups.offsets, experts.gate_up, experts.down)
+    elif (native := _native(x)) is not None and native.moe_experts.supports(x, experts):
+        rows = native.moe_experts(x_sorted, groups.offsets, experts)
+    else:
+        rows = grouped_experts(x_sorted, groups.offsets, experts, _expert_linear, silu_and_mul)
+    return combine(rows, groups)
+
+
+def _expert_linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight) -> torch.Tensor:
+    return quantized_linear(x, weight) if isinstance(weight, QuantizedWeight) else F.linear(x, weight)
 
 
 def bind_decode_step(weights: DecodeModelWeights, pool: DecodePool) -> BoundDecodeStep:

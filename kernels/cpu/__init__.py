@@ -12,6 +12,9 @@ keeps the torch reference as its specification and its fallback:
 - block-quantized linears (``quant_linear.c``): int8 activations against 4- or 8-bit
   weight codes, integer dot products per block (torch's weight-only kernels run far below
   memory bandwidth at decode shapes on this CPU);
+- a mixture-of-experts block's experts over quantized weights (``moe_experts.c``): every
+  expert's gate_up, activation and down over its rows of a batch sorted by expert, in one
+  call and one OpenMP region instead of three kernel calls per active expert;
 - the fused decode step (``decode_step.c``): a whole decode forward pass of a model with
   block-quantized weights in one call and one OpenMP region, from the serial pieces of
   the kernels above (``arbor_cpu.h``); its reference is the layer-by-layer path.
@@ -26,6 +29,7 @@ from kernels.cpu.build import NativeBuildError
 from kernels.cpu.decode_attention import CpuDecodeAttention
 from kernels.cpu.decode_step import CpuDecodeStep
 from kernels.cpu.elementwise import CpuElementwise
+from kernels.cpu.moe_experts import CpuMoeExperts
 from kernels.cpu.quant_linear import CpuQuantLinear
 from kernels.cpu.store_kv import CpuStoreKV
 
@@ -39,13 +43,14 @@ class CpuKernels:
     store_kv: CpuStoreKV
     quant_linear: CpuQuantLinear
     decode_step: CpuDecodeStep
+    moe_experts: CpuMoeExperts
 
     @classmethod
     def build(cls, cache_dir: Path) -> CpuKernels:
         """Compile (or load from ``cache_dir``) every kernel; raises ``NativeBuildError``."""
         return cls(CpuDecodeAttention(cache_dir), CpuElementwise(cache_dir), CpuStoreKV(cache_dir),
-                   CpuQuantLinear(cache_dir), CpuDecodeStep(cache_dir))
+                   CpuQuantLinear(cache_dir), CpuDecodeStep(cache_dir), CpuMoeExperts(cache_dir))
 
 
-__all__ = ["CpuDecodeAttention", "CpuDecodeStep", "CpuElementwise", "CpuKernels", "CpuQuantLinear",
+__all__ = ["CpuDecodeAttention", "CpuDecodeStep", "CpuElementwise", "CpuKernels", "CpuMoeExperts", "CpuQuantLinear",
            "CpuStoreKV", "NativeBuildError"]

@@ -222,7 +222,7 @@ def _build(weights: Weights, args: ModelArgs, max_positions: int) -> LlamaForCau
             _set_norm(layer.self_attn.q_norm, dense(pre + "q_norm"))
             _set_norm(layer.self_attn.k_norm, dense(pre + "k_norm"))
         mlp = pre + "mlp."
-        mlp_block(args.mlp).load_native(layer.mlp, {name[len(mlp):]: quantized(name) for name in weights
+        mlp_block(args.mlp).load_native(layer.mlp, {name[len(mlp):]: w for name, w in weights.items()
                                                     if name.startswith(mlp)})
         for ours in _norm_names(args):
             _set_norm(getattr(layer, ours), dense(pre + ours))

@@ -24,6 +24,7 @@ from kernels.onednn import PackedLinear
 from runtime.model.attention import AttentionMetadata, paged_attention
 from runtime.model.families import family_for_config
 from runtime.model.mlp import ACTIVATIONS, MLP, mlp_block
+from runtime.model.moe import MoEArgs
 from runtime.model.rope import RotaryEmbedding, rope_inv_freq
 
 __all__ = ["MLP", "Attention", "DecoderLayer", "LlamaForCausalLM", "ModelArgs", "RMSNorm"]
@@ -58,6 +59,8 @@ class ModelArgs:
     attn_softcap: float | None = None  # attention scores -> cap * tanh(scores / cap)
     final_softcap: float | None = None  # logits -> cap * tanh(logits / cap)
     sandwich_norms: bool = False  # each block's output is normed too, before its residual add
+
+    moe: MoEArgs | None = None  # the experts of a mixture-of-experts family (``runtime.model.moe``)
 
     @property
     def rotary_dim(self) -> int:
@@ -190,7 +193,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.self_attn = Attention(args, layer_idx)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.mlp = mlp_block(args.mlp).build(args)
+        self.mlp = mlp_block(args.mlp).build(args, layer_idx)
         # Gemma's sandwich: the attention's and the MLP's outputs normed before their residual adds
         self.attn_output_norm = RMSNorm(args.hidden_size, args.rms_norm_eps) if args.sandwich_norms else None
         self.mlp_output_norm = RMSNorm(args.hidden_size, args.rms_norm_eps) if args.sandwich_norms else None

@@ -67,7 +67,8 @@ class MLPBlock:
     # "tensor_parallel" (parallel.shard_model), "fused_decode" (the native decode step).
     supports: frozenset[str] = frozenset({"int8", "int4", "tensor_parallel", "fused_decode"})
 
-    def build(self, args: ModelArgs) -> nn.Module:
+    def build(self, args: ModelArgs, layer_idx: int = 0) -> nn.Module:
+        """The module of layer ``layer_idx`` (a family may mix blocks across layers)."""
         return MLP(args)
 
     def hf_state(self, take: Take, src: str, dst: str, args: ModelArgs) -> dict[str, torch.Tensor]:
@@ -86,17 +87,18 @@ class MLPBlock:
         return {dst + "gate_up_proj.weight": torch.cat([gg.dense(pre + f"ffn_{p}.weight") for p in ("gate", "up")]),
                 dst + "down_proj.weight": gg.dense(pre + "ffn_down.weight")}
 
-    def gguf_native(self, gg: GGUFTensors, pre: str, args: ModelArgs) -> dict[str, QuantizedWeight]:
+    def gguf_native(self, gg: GGUFTensors, pre: str, args: ModelArgs) -> dict[str, QuantizedWeight | torch.Tensor]:
         """The block's weights in the file's own blocks, by module name below ``dst``
         (each becomes a ``QuantizedLinear`` there, see ``load_native``)."""
         return {"gate_up_proj": gg.stacked([pre + f"ffn_{p}.weight" for p in ("gate", "up")]),
                 "down_proj": gg.stacked([pre + "ffn_down.weight"])}
 
-    def load_native(self, module: nn.Module, weights: dict[str, QuantizedWeight]) -> None:
+    def load_native(self, module: nn.Module, weights: dict[str, QuantizedWeight | torch.Tensor]) -> None:
         """Put ``gguf_native``'s weights into the built (meta) ``module``."""
         from runtime.model.quant import QuantizedLinear
 
         for name, weight in weights.items():
+            assert isinstance(weight, QuantizedWeight), f"{name}: the dense MLP's weights are all quantized"
             setattr(module, name, QuantizedLinear(weight))
 
 
@@ -118,7 +120,7 @@ class FusedGateUp(MLPBlock):
         return {dst + "gate_up_proj.weight": gg.dense(pre + "ffn_up.weight"),
                 dst + "down_proj.weight": gg.dense(pre + "ffn_down.weight")}
 
-    def gguf_native(self, gg: GGUFTensors, pre: str, args: ModelArgs) -> dict[str, QuantizedWeight]:
+    def gguf_native(self, gg: GGUFTensors, pre: str, args: ModelArgs) -> dict[str, QuantizedWeight | torch.Tensor]:
         return {"gate_up_proj": gg.stacked([pre + "ffn_up.weight"]), "down_proj": gg.stacked([pre + "ffn_down.weight"])}
 
 

@@ -57,6 +57,24 @@ class QuantizedLinear(nn.Module):
                 f"group={group}, bias={self.bias is not None}")
 
 
+class QuantizedBlock(nn.Module):
+    """A block that holds quantized weights its own way rather than as ``QuantizedLinear``
+    modules (a mixture of experts' stacked experts, ``runtime.model.moe``): the swaps of
+    this module call these."""
+
+    def quantize(self, linear: Callable[[torch.Tensor], QuantizedWeight]) -> None:
+        """Quantize the block's float weights with ``linear`` (``QuantizedFormat.linear``)."""
+        raise NotImplementedError
+
+    def convert_quantized(self, convert: Callable[[QuantizedWeight], QuantizedWeight]) -> None:
+        """Replace each quantized weight with ``convert(weight)`` (a move, the tiled layout)."""
+        raise NotImplementedError
+
+    @property
+    def quantized_nbytes(self) -> int:
+        raise NotImplementedError
+
+
 class QuantizedEmbedding(nn.Module):
     """Token lookup in a quantized table: each looked-up row is dequantized."""
 
@@ -104,9 +122,13 @@ def quantize_model(model: LlamaForCausalLM, fmt: str) -> None:
     quantize = FORMATS[fmt]
     for module in model.layers:
         layer = cast("DecoderLayer", module)
-        attn, mlp = layer.self_attn, layer.dense_mlp(f"weights={fmt!r}")
+        attn = layer.self_attn
         attn.qkv_proj = QuantizedLinear.from_linear(attn.qkv_proj, quantize)
         attn.o_proj = QuantizedLinear.from_linear(attn.o_proj, quantize)
+        if isinstance(layer.mlp, QuantizedBlock):  # e.g. experts stacked, quantized per row like a linear
+            layer.mlp.quantize(quantize.linear)
+            continue
+        mlp = layer.dense_mlp(f"weights={fmt!r}")
         mlp.gate_up_proj = QuantizedLinear.from_linear(mlp.gate_up_proj, quantize)
         mlp.down_proj = QuantizedLinear.from_linear(mlp.down_proj, quantize)
     assert isinstance(model.embed_tokens, nn.Embedding), "already quantized"
@@ -123,6 +145,8 @@ def quantized_nbytes(model: nn.Module) -> int:
     for module in model.modules():
         if isinstance(module, QuantizedLinear | QuantizedEmbedding):
             seen[id(module.weight)] = module.weight.nbytes
+        elif isinstance(module, QuantizedBlock):
+            seen[id(module)] = module.quantized_nbytes
     return sum(seen.values())
 
 
@@ -154,3 +178,5 @@ def _swap_weights(model: nn.Module, convert: Callable[[QuantizedWeight], Quantiz
             if key not in done:
                 done[key] = convert(module.weight)
             module.weight = done[key]
+        elif isinstance(module, QuantizedBlock):
+            module.convert_quantized(convert)

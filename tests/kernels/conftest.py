@@ -28,7 +28,7 @@ import pytest
 from kernels import dispatch
 from kernels.cpu import CpuDecodeAttention, CpuKernels, NativeBuildError
 
-TRITON_KERNEL_MODULES = ("store_kv", "decode_attention", "extend_attention", "rms_norm")
+TRITON_KERNEL_MODULES = ("store_kv", "decode_attention", "extend_attention", "rms_norm", "grouped_experts")
 
 
 def _drop_triton_modules() -> None:

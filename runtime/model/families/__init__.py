@@ -13,8 +13,10 @@ from typing import Any
 from runtime.model.families.gemma import GEMMA2, GEMMA3
 from runtime.model.families.llama import LLAMA
 from runtime.model.families.mistral import MISTRAL
+from runtime.model.families.mixtral import MIXTRAL
 from runtime.model.families.phi import PHI3
 from runtime.model.families.qwen import QWEN2, QWEN3
+from runtime.model.families.qwen3_moe import QWEN3_MOE
 from runtime.model.family import Family
 
 FAMILIES: dict[str, Family] = {}
@@ -28,7 +30,7 @@ def register(family: Family) -> Family:
     return family
 
 
-for _family in (LLAMA, QWEN2, QWEN3, MISTRAL, PHI3, GEMMA2, GEMMA3):
+for _family in (LLAMA, QWEN2, QWEN3, MISTRAL, PHI3, GEMMA2, GEMMA3, QWEN3_MOE, MIXTRAL):
     register(_family)
 
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.model.family import Family
+from runtime.model.moe import gguf_moe_config
 
 
 def _gguf_metadata(meta: dict[str, Any], arch: str) -> dict[str, Any]:
     window = meta.get(f"{arch}.attention.sliding_window")
-    return {} if window is None else {"model_type": "mistral", "sliding_window": int(window)}
+    out = {} if window is None else {"model_type": "mistral", "sliding_window": int(window)}
+    return {**out, **gguf_moe_config(meta, arch)}  # experts: a Mixtral (families/moe.py)
 
 
 LLAMA = Family(

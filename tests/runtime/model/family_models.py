@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,11 +82,14 @@ def _llama3_rope_factors(cfg: dict[str, Any]) -> np.ndarray:
 
 
 def write_family_gguf(hf_dir: Path, out: Path, arch: str, tokenizer_source: GGUFFile, qtype: str = "F32",
-                      permute_qk: bool = False, drop: tuple[str, ...] = (), extra: dict[str, int] | None = None,
+                      permute_qk: bool = False, drop: tuple[str, ...] = (), metadata: dict[str, int] | None = None,
+                      extra: Callable[[Any, dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
                       chat_template: str | None = None) -> Path:
     """``hf_dir``'s model as a GGUF file of ``arch`` (linears in ``qtype``, norms in F32),
-    with ``tokenizer_source``'s tokenizer metadata; ``drop``: tensors left out; ``extra``:
-    more metadata (uint32 values); ``chat_template``: the file's own (else the source's)."""
+    with ``tokenizer_source``'s tokenizer metadata; ``drop``: tensors left out;
+    ``metadata``: more metadata (uint32 values); ``extra`` (writer, HF tensors) writes a
+    family's own metadata and returns its own tensors (a mixture of experts':
+    ``test_moe_families.py``); ``chat_template``: the file's own (else the source's)."""
     import gguf
     from safetensors.torch import load_file
 
@@ -121,7 +125,7 @@ def write_family_gguf(hf_dir: Path, out: Path, arch: str, tokenizer_source: GGUF
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_chat_template(chat_template or meta["tokenizer.chat_template"])
-    for key, value in (extra or {}).items():
+    for key, value in (metadata or {}).items():
         w.add_uint32(key, value)
     tensors: dict[str, np.ndarray] = {"token_embd.weight": hf["model.embed_tokens.weight"],
                                       "output_norm.weight": hf["model.norm.weight"]}
@@ -131,6 +135,8 @@ def write_family_gguf(hf_dir: Path, out: Path, arch: str, tokenizer_source: GGUF
         tensors["output_norm.weight"] = tensors["output_norm.weight"] + 1.0
     if cfg["rope_parameters"].get("rope_type") == "llama3":
         tensors["rope_freqs.weight"] = _llama3_rope_factors(cfg)
+    if extra is not None:
+        tensors.update(extra(w, hf))
     for i in range(cfg["num_hidden_layers"]):
         for src, dst in {**_LAYER_NAMES, **(_GEMMA_NORMS if gemma else {})}.items():
             name = f"model.layers.{i}.{src}"

@@ -254,7 +254,7 @@ def test_stop_tokens_come_from_the_files(tmp_path: Path, tiny_llama_dir: Path, d
     with Engine(model=str(hf_dir), num_pages=64) as engine:
         assert engine.eos_token_ids == [2, 7]
     out = tmp_path / "eot.gguf"
-    write_family_gguf(tiny_llama_dir, out, "llama", default_gguf, permute_qk=True, extra={
+    write_family_gguf(tiny_llama_dir, out, "llama", default_gguf, permute_qk=True, metadata={
         "tokenizer.ggml.eot_token_id": 9, "tokenizer.ggml.eom_token_id": 11})
     file = GGUFFile(out)
     assert hf_config(file)["eos_token_id"] == [2, 9, 11]
