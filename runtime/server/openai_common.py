@@ -68,7 +68,8 @@ class Endpoint:
             stop_regex=stop_regex, min_tokens=b.min_tokens,
             frequency_penalty=b.frequency_penalty, presence_penalty=b.presence_penalty,
             repetition_penalty=b.repetition_penalty,
-            logprobs=logprobs, top_logprobs=top_logprobs, constraint=constraint)
+            logprobs=logprobs, top_logprobs=top_logprobs, constraint=constraint,
+            ttft_slo=b.ttft_slo, itl_slo=b.itl_slo)
 
     def group(self, jobs: list[Job]) -> StreamGroup:
         return StreamGroup(self.ctx, self.name, jobs, self.ctx.limits.deadline(self.body.timeout),

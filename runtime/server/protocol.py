@@ -248,6 +248,8 @@ class SamplingExtras(Lenient):
     structured_outputs: dict[str, Any] | None = None  # vLLM >= 0.10
     timeout: float | None = Field(default=None, gt=0)
     json_bounds: bool = True  # false: no bounds on number literals in JSON outputs
+    ttft_slo: float | None = Field(default=None, gt=0)  # Arbor's: seconds; None: the engine's target
+    itl_slo: float | None = Field(default=None, gt=0)  # Arbor's: seconds; None: the engine's target
 
 
 class JsonSchemaFormat(Lenient):
