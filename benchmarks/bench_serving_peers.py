@@ -27,7 +27,7 @@ then, e.g. the default model in Q4_0 on both sides::
         --arbor arbor= --arbor "arbor-slo=--itl-slo 0.15 --ttft-slo 1" --np 4 8 16
 
 Each ``--arbor NAME=FLAGS`` is a side: ``arbor serve`` with those extra flags (on top of
-``--weights gguf --num-threads 2``). The machine this ran on is shared: read the spread.
+``--weights gguf --num-threads THREADS``). The machine this ran on is shared: read the spread.
 """
 
 from __future__ import annotations
@@ -55,7 +55,6 @@ import bench_serving as bs  # noqa: E402
 from common import RESULTS, load_average, reproduce_line, save_result  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-THREADS = 2
 
 
 @dataclass(frozen=True)
@@ -67,14 +66,15 @@ class Side:
     flags: tuple[str, ...] = ()  # extra command-line flags
     np: int | None = None  # llama-server's slot count
 
-    def command(self, model: Path, port: int, llama_server: Path | None, ctx_per_slot: int) -> list[str]:
+    def command(self, model: Path, port: int, llama_server: Path | None, ctx_per_slot: int,
+                threads: int = 2) -> list[str]:
         """The server's command line; ``model`` a GGUF file (an HF directory: Arbor only)."""
         if self.kind == "arbor":
             weights = ["--weights", "gguf"] if model.suffix == ".gguf" else []
             return [sys.executable, "-m", "runtime.cli", "serve", "--model", str(model), *weights,
-                    "--num-threads", str(THREADS), "--port", str(port), "--log-level", "warning", *self.flags]
+                    "--num-threads", str(threads), "--port", str(port), "--log-level", "warning", *self.flags]
         assert llama_server is not None and self.np is not None
-        return [str(llama_server), "-m", str(model), "-t", str(THREADS), "-tb", str(THREADS), "-np", str(self.np),
+        return [str(llama_server), "-m", str(model), "-t", str(threads), "-tb", str(threads), "-np", str(self.np),
                 "-c", str(self.np * ctx_per_slot), "-fa", "on", "--host", "127.0.0.1", "--port", str(port),
                 *self.flags]
 
@@ -100,7 +100,7 @@ class Server:
 
     def __init__(self, side: Side, args: argparse.Namespace, log_dir: Path) -> None:
         self.side, self.port = side, free_port()
-        cmd = side.command(args.model, self.port, args.llama_server, args.ctx_per_slot)
+        cmd = side.command(args.model, self.port, args.llama_server, args.ctx_per_slot, args.threads)
         self.log = open(log_dir / f"{side.name}.log", "ab")  # noqa: SIM115 (closed in stop)
         self.log.write(f"\n$ {shlex.join(cmd)}\n".encode())
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO,
@@ -301,6 +301,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--llama-flags", default="", help="extra llama-server flags")
     p.add_argument("--np", type=int, nargs="+", default=[4, 8, 16],
                    help="llama-server slot counts to try (the best burst throughput is used)")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads of every server")
     p.add_argument("--ctx-per-slot", type=int, default=1536, help="llama-server context per slot (-c = np x this)")
     p.add_argument("--prompt-tokens", type=int, nargs=2, default=(64, 1024), metavar=("LO", "HI"))
     p.add_argument("--output-tokens", type=int, nargs=2, default=(64, 256), metavar=("LO", "HI"))
