@@ -42,6 +42,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -184,7 +185,10 @@ def jobs_for(args: argparse.Namespace, seed: int, num: int) -> list[bs.Job]:
 
 
 def choose_np(args: argparse.Namespace, jobs: list[bs.Job], warmup: str) -> tuple[Side, list[Cell]]:
-    """llama-server's slot count: the best output tok/s of a burst over ``args.np``."""
+    """llama-server's slot count: the best output tok/s of a burst over ``args.np`` (one
+    given: that one, no burst)."""
+    if len(args.np) == 1:
+        return Side(f"llama-np{args.np[0]}", "llama", tuple(args.llama_flags), args.np[0]), []
     cells = [run_cell(Side(f"llama-np{n}", "llama", tuple(args.llama_flags), n), args, jobs, None, 0, warmup)
              for n in args.np]
     best = max(cells, key=lambda c: c.summary["output_token_throughput"])
@@ -328,6 +332,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    # NOTE: servers run in sessions of their own; SIGTERM as an exception runs Server.stop
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     print(reproduce_line(), f"(load average {load_average()})", flush=True)
     args.log_dir.mkdir(parents=True, exist_ok=True)
     warmup = bs.TextSource(args.tokenizer, args.seed + 999).prompt(256)
@@ -338,8 +345,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.llama_server is not None:
         llama, np_cells = choose_np(args, burst, warmup)
         sides.append(llama)
-        best = next(c for c in np_cells if c.side == llama.name)
-        saturation[llama.name] = best.summary["request_throughput"]
+        if np_cells:
+            best = next(c for c in np_cells if c.side == llama.name)
+            saturation[llama.name] = best.summary["request_throughput"]
     rates = args.rates
     sat_cells = []
     if rates is None:

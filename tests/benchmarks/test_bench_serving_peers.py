@@ -143,3 +143,10 @@ def test_two_arbor_sides_alternate_and_write_table_and_plot(peers: Any, tiny_lla
     assert (RESULTS / results).stat().st_size > 10_000
     assert "--no-speculation" in (tmp_path / "nospec.log").read_text()
     assert "| 20.0 | plain |" in capsys.readouterr().out
+
+
+def test_one_slot_count_given_is_used_without_a_sweep(peers: Any) -> None:
+    args = peers.parse_args(["--model", "m.gguf", "--llama-server", "/bin/llama-server", "--np", "8",
+                             "--tokenizer", "t.json"])
+    side, cells = peers.choose_np(args, [], "warm up")
+    assert (side.name, side.np, cells) == ("llama-np8", 8, [])
