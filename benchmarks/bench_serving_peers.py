@@ -42,7 +42,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -332,9 +331,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    # NOTE: servers run in sessions of their own; SIGTERM as an exception runs Server.stop
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     print(reproduce_line(), f"(load average {load_average()})", flush=True)
     args.log_dir.mkdir(parents=True, exist_ok=True)
     warmup = bs.TextSource(args.tokenizer, args.seed + 999).prompt(256)
@@ -398,4 +394,6 @@ def print_table(title: str, rows: list[dict[str, Any]]) -> None:
 
 
 if __name__ == "__main__":
+    # NOTE: servers run in sessions of their own; SIGTERM as an exception runs Server.stop
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     main()
