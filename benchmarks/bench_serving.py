@@ -1,23 +1,28 @@
-"""Online serving benchmark: Poisson arrivals over mixed buckets against any
-OpenAI-compatible server (``--base-url``), streaming every request.
+"""Online serving benchmark: Poisson arrivals against any OpenAI-compatible server
+(``--base-url``), streaming every request.
 
-Buckets: short/long input × short/long output (``/completions``, EOS ignored so output
-lengths are exact), and ``multi_turn``: conversations over ``/chat/completions`` that
-share one long system prompt and grow turn by turn (prefix-cache reuse). Requests
-arrive as a Poisson process at ``--rate`` per second (a conversation arrives once and
-then runs its turns back to back). Per bucket: TTFT, ITL and end-to-end p50/p95/p99 and
-output tokens/s; overall throughput. A second table groups the same requests by prompt
-length in the server's own buckets (``runtime.server.metrics.prompt_bucket``, the
-``prompt_bucket`` label of ``/metrics``), so client and server figures line up.
+The default workload (``natural``) is what a llama.cpp or vLLM maintainer would accept:
+distinct natural text (windows of the Python documentation's topic pages, ``pydoc_data``,
+which ships with CPython), prompt lengths log-uniform in ``--prompt-tokens`` (64-1,024)
+and output lengths log-uniform in ``--output-tokens`` (64-256), cut with the model's
+tokenizer, ``ignore_eos`` so every output runs to its length. Other buckets: short/long
+input × short/long output (``/completions``, words of the same text), and ``multi_turn``:
+conversations over ``/chat/completions`` that share one long system prompt and grow turn
+by turn (prefix-cache reuse). Requests arrive as a Poisson process at ``--rate`` per
+second (a conversation arrives once and then runs its turns back to back). Per bucket:
+TTFT, ITL, TPOT and end-to-end p50/p95/p99 and output tokens/s; overall throughput. A
+second table groups the same requests by prompt length in the server's own buckets
+(``runtime.server.metrics.prompt_bucket``, the ``prompt_bucket`` label of ``/metrics``).
 
 Tokens, not SSE chunks: a chunk may carry several tokens (speculation accepts a few at a
-time; a token with no text of its own rides with the next). Each request asks for the
-logprob of each chosen token (``logprobs``; ``--no-token-logprobs`` turns it off), so
-every chunk says how many tokens it carries, and for ``stream_options.include_usage``,
-so the final chunk says how many the request produced. ITL is per token: a gap between
-chunks that ends in a chunk of k tokens counts as k gaps of gap/k. Without per-token
-logprobs from the server ITL is per chunk, and without usage the output token count is
-the logprob entries (or the chunks); the summary says which counts it used.
+time; a token with no text of its own rides with the next). Output token counts come from
+``usage`` (``stream_options.include_usage``) on every server. By default no logprobs are
+asked for (a server that computes them does more work than one that ignores them), so
+ITL is per chunk, as vLLM's ``benchmark_serving`` reports it: the gaps a reader sees; TPOT
+= (end-to-end - TTFT) / (output tokens - 1) from ``usage`` is per token on every server.
+``--token-logprobs`` asks for each chosen token's logprob, so every chunk says how many
+tokens it carries and ITL is per token (a gap that ends in a chunk of k tokens counts as k
+gaps of gap/k) — only fair between servers that both compute them.
 
 Baseline, measured in the same run: the same requests (other words, so no prefix-cache
 hits from the online run) sent one at a time (``--no-baseline`` skips it). Saves
@@ -29,20 +34,16 @@ Canary vs baseline: ``--compare-url`` runs the same workload against a second se
 after the first and prints both side by side, each labelled with the model and config
 version its answers carry (``X-Arbor-Model``, ``X-Arbor-Config-Version``).
 
-    arbor serve --model default --port 30000 --max-prefill-tokens 256 &
+    arbor serve --model default --port 30000 &
     .venv/bin/python benchmarks/bench_serving.py --base-url http://127.0.0.1:30000/v1 \
         --rate 0.5 --num-requests 20
 
-Peer: llama.cpp's ``llama-server`` on the same GGUF (the default model's file is
-``runtime.model.default_model.default_gguf_file()``). It comes from the same source as the
-``bench`` extra's ``llama-cpp-python``: unpack that package's sdist (``pip download
---no-deps --no-binary :all: llama-cpp-python==0.3.36``), configure its ``vendor/llama.cpp``
-with CMake (``-DGGML_NATIVE=ON -DLLAMA_CURL=OFF``) and build the ``llama-server`` target
-(~10 min on 2 cores). Then serve it on loopback and point ``--base-url`` at it:
+Engine against engine (servers launched one at a time, a rate sweep from each side's
+saturation, sides alternated, repeats, a table and a plot): ``bench_serving_peers.py``.
 
-    llama-server -m MODEL.gguf -t 2 -tb 2 -np 8 -c 16384 --host 127.0.0.1 --port 30001 &
-    .venv/bin/python benchmarks/bench_serving.py --base-url http://127.0.0.1:30001/v1 \
-        --rate 1 --num-requests 30 --no-baseline --name serving_llama_server
+Peer: llama.cpp's ``llama-server`` on the same GGUF, built by
+``benchmarks/peers/build_llama_cpp.sh`` (the ``bench`` extra's llama-cpp-python sdist,
+its vendored llama.cpp); ``bench_serving_peers.py`` launches it with ``-np N``.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import math
 import random
 import sys
 import time
@@ -66,18 +68,14 @@ from common import RESULTS, load_average, reproduce_line, save_result  # noqa: E
 
 from runtime.server.metrics import PROMPT_BUCKET_BOUNDS, prompt_bucket  # noqa: E402
 
-WORDS = [
-    "harbour", "town", "history", "fishermen", "settled", "bay", "traded", "salt",
-    "grain", "timber", "coast", "river", "market", "bridge", "winter", "summer",
-    "lantern", "keeper", "island", "storm", "sailor", "merchant", "ledger", "village",
-    "mill", "orchard", "road", "stone", "tower", "bell", "festival", "garden", "library",
-]
-BUCKETS = ("short_in/short_out", "short_in/long_out", "long_in/short_out", "long_in/long_out",
-           "multi_turn")
+BUCKETS = ("natural", "short_in/short_out", "short_in/long_out", "long_in/short_out",
+           "long_in/long_out", "multi_turn")
 
 
 @dataclass(frozen=True)
 class Workload:
+    prompt_tokens: tuple[int, int]  # the natural bucket's prompt lengths: log-uniform in [lo, hi]
+    output_tokens: tuple[int, int]  # its output lengths, likewise
     short_input: int  # words (~1.3 tokens each)
     long_input: int
     short_output: int  # tokens
@@ -93,13 +91,14 @@ class Sample:
     bucket: str
     tenant: str | None = None
     ttft: float | None = None  # seconds to the first chunk that carries a token
-    itl: list[float] = field(default_factory=list)  # per token after that chunk's (see above)
+    itl: list[float] = field(default_factory=list)  # per chunk, or per token (see above)
     e2e: float | None = None
+    max_tokens: int = 0  # what the request asked for (with ignore_eos, what it gets)
     prompt_tokens: int = 0
     output_tokens: int = 0  # from usage, else the streamed counts below
     streamed_tokens: int = 0  # tokens counted chunk by chunk (logprob entries, else chunks)
     counted_by: str = "usage"  # "usage", "logprobs" or "chunks": where output_tokens came from
-    itl_per: str = "token"  # "token" (chunks carried per-token logprobs) or "chunk"
+    itl_per: str = "chunk"  # "token" (chunks carried per-token logprobs) or "chunk"
     error: str | None = None
 
 
@@ -113,39 +112,90 @@ class Job:
     tenant: str | None = None  # sent as the OpenAI ``user`` field (the server's tenant label)
 
 
-def words(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n))
+class TextSource:
+    """Distinct natural text: the Python documentation's topic pages (``pydoc_data``, part
+    of CPython), as one token stream cut into consecutive windows, so no two prompts of a
+    run share text (a prefix cache or a prompt-lookup draft gains nothing from overlap).
+
+    Args:
+        tokenizer: a ``tokenizer.json`` file, or a directory holding one (the served
+            model's: windows are cut to its token counts).
+        seed: where in the stream the first window starts.
+    """
+
+    def __init__(self, tokenizer: Path, seed: int) -> None:
+        from pydoc_data.topics import topics
+
+        from tokenizers import Tokenizer
+
+        path = tokenizer / "tokenizer.json" if tokenizer.is_dir() else tokenizer
+        self.tokenizer = Tokenizer.from_file(str(path))
+        text = "\n\n".join(topics[k].strip() for k in sorted(topics))
+        self.ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False).ids
+        self.pos = random.Random(seed).randrange(len(self.ids))
+
+    def prompt(self, num_tokens: int) -> str:
+        """The next ``num_tokens`` tokens of the stream as text (wrapping at its end)."""
+        if num_tokens > len(self.ids):
+            raise ValueError(f"{num_tokens} tokens asked, the text has {len(self.ids)}")
+        window = (self.ids + self.ids)[self.pos:self.pos + num_tokens]
+        self.pos = (self.pos + num_tokens) % len(self.ids)
+        return str(self.tokenizer.decode(window))
+
+    def words(self, n: int) -> str:
+        """About ``n`` words: ``n`` * 4 / 3 tokens (English text is ~1.3 tokens a word)."""
+        return self.prompt(max(1, n * 4 // 3))
 
 
-def make_jobs(num: int, load: Workload, seed: int, buckets: list[str], tenants: int = 0) -> list[Job]:
-    """``num`` jobs cycling over ``buckets`` (and over ``tenants`` tenants, if any), shuffled."""
+def log_uniform(rng: random.Random, lo: int, hi: int) -> int:
+    """An integer in [lo, hi] whose logarithm is uniform: as many prompts of 64-128 tokens
+    as of 512-1,024, the spread of chat and agent traces rather than one typical size."""
+    return min(hi, int(math.exp(rng.uniform(math.log(lo), math.log(hi + 1)))))
+
+
+def make_jobs(num: int, load: Workload, seed: int, buckets: list[str], tenants: int = 0,
+              text: TextSource | None = None) -> list[Job]:
+    """``num`` jobs cycling over ``buckets`` (and over ``tenants`` tenants, if any), shuffled.
+    ``text``: where prompts come from (default: the default model's tokenizer)."""
     rng = random.Random(seed)
+    text = text or TextSource(default_tokenizer(), seed)
     sizes = {"short_in": load.short_input, "long_in": load.long_input,
              "short_out": load.short_output, "long_out": load.long_output}
     jobs = []
     for i in range(num):
         bucket = buckets[i % len(buckets)]
-        if bucket == "multi_turn":
-            jobs.append(Job(bucket, words(rng, load.short_input), load.short_output))
+        if bucket == "natural":
+            prompt_len, output_len = log_uniform(rng, *load.prompt_tokens), log_uniform(rng, *load.output_tokens)
+            jobs.append(Job(bucket, text.prompt(prompt_len), output_len))
+        elif bucket == "multi_turn":
+            jobs.append(Job(bucket, text.words(load.short_input), load.short_output))
         else:
             inp, out = bucket.split("/")
-            jobs.append(Job(bucket, words(rng, sizes[inp]), sizes[out]))
+            jobs.append(Job(bucket, text.words(sizes[inp]), sizes[out]))
     if tenants:
         jobs = [dataclasses.replace(j, tenant=f"tenant-{i % tenants}") for i, j in enumerate(jobs)]
     rng.shuffle(jobs)
     return jobs
 
 
+def default_tokenizer() -> Path:
+    """The default model's tokenizer (the converted directory; made on first use)."""
+    from runtime.model.default_model import default_model_dir
+
+    return default_model_dir()
+
+
 class Client:
     """Streams one request and times its chunks."""
 
     def __init__(self, http: httpx.AsyncClient, model: str, ignore_eos: bool, system: str,
-                 token_logprobs: bool = True) -> None:
+                 token_logprobs: bool = False, extra: dict[str, Any] | None = None) -> None:
         self.http = http
         self.model = model
         self.ignore_eos = ignore_eos
         self.system = system
         self.token_logprobs = token_logprobs
+        self.extra = extra or {}  # more body fields on every request (e.g. a server's own)
 
     async def completion(self, job: Job) -> Sample:
         body: dict[str, Any] = {"prompt": job.prompt, "max_tokens": job.max_tokens}
@@ -173,12 +223,13 @@ class Client:
     async def _stream(self, path: str, body: dict[str, Any], job: Job, text_of: Any,
                       pieces: list[str] | None = None) -> Sample:
         body = {**body, "model": self.model, "temperature": 0, "stream": True,
-                "stream_options": {"include_usage": True}}
+                "stream_options": {"include_usage": True}, **self.extra}
         if self.ignore_eos:
             body["ignore_eos"] = True
         if job.tenant is not None:
             body["user"] = job.tenant
-        sample = Sample(job.bucket, job.tenant)
+        sample = Sample(job.bucket, job.tenant, max_tokens=job.max_tokens,
+                        itl_per="token" if self.token_logprobs else "chunk")
         usage: dict[str, int] | None = None
         start = last = time.perf_counter()
         try:
@@ -199,7 +250,7 @@ class Client:
                     text = "".join(text_of(c) or "" for c in choices)
                     if pieces is not None:
                         pieces.append(text)
-                    num_tokens = tokens_in(choices, text)
+                    num_tokens = tokens_in(choices, text) if self.token_logprobs else (1 if text else 0)
                     if num_tokens is None:  # text but no logprob entries: count the chunk
                         sample.itl_per, num_tokens = "chunk", 1
                     if not num_tokens:
@@ -235,9 +286,10 @@ def tokens_in(choices: list[dict[str, Any]], text: str) -> int | None:
 def workload(http: httpx.AsyncClient, model: str, args: argparse.Namespace, load: Workload,
              buckets: list[str], seed: int) -> tuple[Client, list[Job], int, int]:
     """A client (with its conversations' shared system prompt) and the jobs for ``seed``."""
-    system = "You are a careful assistant. Background: " + words(random.Random(seed + 7), load.system_words)
+    text = TextSource(Path(args.tokenizer) if args.tokenizer else default_tokenizer(), seed)
+    system = "You are a careful assistant. Background: " + text.words(load.system_words)
     client = Client(http, model, args.ignore_eos, system, args.token_logprobs)
-    return client, make_jobs(args.num_requests, load, seed, buckets, args.tenants), load.turns, seed
+    return client, make_jobs(args.num_requests, load, seed, buckets, args.tenants, text), load.turns, seed
 
 
 async def run_jobs(client: Client, jobs: list[Job], turns: int, seed: int,
@@ -292,8 +344,16 @@ def bucket_stats(group: list[Sample]) -> dict[str, Any]:
         "ttft_ms": percentiles([s.ttft for s in group if s.ttft is not None]),
         "itl_ms": percentiles([x for s in group for x in s.itl]),
         "e2e_ms": percentiles([s.e2e for s in group if s.e2e is not None]),
+        "tpot_ms": percentiles([t for s in group if (t := tpot(s)) is not None]),
         "decode_tokens_per_s": round(sum(len(s.itl) for s in group) / decode_time, 2) if decode_time else None,
     }
+
+
+def tpot(s: Sample) -> float | None:
+    """Seconds per output token after the first: (end-to-end - TTFT) / (tokens - 1)."""
+    if s.e2e is None or s.ttft is None or s.output_tokens < 2:
+        return None
+    return (s.e2e - s.ttft) / (s.output_tokens - 1)
 
 
 def summarize(samples: list[Sample], duration: float) -> dict[str, Any]:
@@ -386,7 +446,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=None, help="model id (default: the first of /models)")
     p.add_argument("--rate", type=float, default=1.0, help="arrivals per second (Poisson)")
     p.add_argument("--num-requests", type=int, default=40, help="arrivals (a conversation counts once)")
-    p.add_argument("--buckets", default=",".join(BUCKETS))
+    p.add_argument("--buckets", default="natural", help=f"comma-separated, of {', '.join(BUCKETS)}")
+    p.add_argument("--prompt-tokens", type=int, nargs=2, default=(64, 1024), metavar=("LO", "HI"),
+                   help="the natural bucket's prompt lengths: log-uniform in [LO, HI] tokens")
+    p.add_argument("--output-tokens", type=int, nargs=2, default=(64, 256), metavar=("LO", "HI"),
+                   help="the natural bucket's output lengths: log-uniform in [LO, HI] tokens")
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer.json (or a directory with one) that prompts are cut with "
+                        "(default: the default model's)")
     p.add_argument("--short-input", type=int, default=24, help="words")
     p.add_argument("--long-input", type=int, default=400, help="words")
     p.add_argument("--short-output", type=int, default=16, help="tokens")
@@ -395,9 +462,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--system-words", type=int, default=300)
     p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
                    help="send ignore_eos so output lengths are exact (an Arbor/vLLM/SGLang extension)")
-    p.add_argument("--token-logprobs", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--token-logprobs", action=argparse.BooleanOptionalAction, default=False,
                    help="ask for each chosen token's logprob, so every chunk says how many tokens "
-                        "it carries (off: ITL per chunk)")
+                        "it carries and ITL is per token (default off: ITL per chunk; only fair "
+                        "between servers that both compute logprobs)")
     p.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
                    help="also send the same requests one at a time (the baseline)")
     p.add_argument("--tenants", type=int, default=0,
@@ -412,13 +480,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def workload_of(args: argparse.Namespace) -> Workload:
+    return Workload(tuple(args.prompt_tokens), tuple(args.output_tokens), args.short_input, args.long_input,
+                    args.short_output, args.long_output, args.turns, args.system_words)
+
+
 async def main_async(args: argparse.Namespace, base_url: str | None = None,
                      name: str | None = None) -> dict[str, Any]:
     base_url = base_url or args.base_url
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
-    load = Workload(args.short_input, args.long_input, args.short_output, args.long_output,
-                    args.turns, args.system_words)
+    load = workload_of(args)
     buckets = [b for b in args.buckets.split(",") if b]
     async with httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers,
                                  timeout=args.timeout, limits=limits) as http:

@@ -70,6 +70,7 @@ class Endpoint:
             frequency_penalty=b.frequency_penalty, presence_penalty=b.presence_penalty,
             repetition_penalty=b.repetition_penalty,
             logprobs=logprobs, top_logprobs=top_logprobs, constraint=constraint,
+            ttft_slo=b.ttft_slo, itl_slo=b.itl_slo,
             retention=retention_of(b.retention, self.caller.tenant, engine.config))
 
     def group(self, jobs: list[Job]) -> StreamGroup:

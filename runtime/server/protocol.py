@@ -267,6 +267,8 @@ class SamplingExtras(Lenient):
     timeout: float | None = Field(default=None, gt=0)
     json_bounds: bool = True  # false: no bounds on number literals in JSON outputs
     retention: RetentionHint | None = None  # Arbor: keep the conversation for the next turn
+    ttft_slo: float | None = Field(default=None, gt=0)  # Arbor's: seconds; None: the engine's target
+    itl_slo: float | None = Field(default=None, gt=0)  # Arbor's: seconds; None: the engine's target
 
 
 class JsonSchemaFormat(Lenient):

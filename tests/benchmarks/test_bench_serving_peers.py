@@ -1,0 +1,152 @@
+"""``bench_serving.py``'s natural workload and ``bench_serving_peers.py``: servers started one
+at a time, sides alternated, a table and a plot."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def load(name: str) -> Any:
+    if name in sys.modules:
+        return sys.modules[name]
+    sys.path.insert(0, str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # NOTE: dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def bs() -> Any:
+    return load("bench_serving")
+
+
+@pytest.fixture(scope="module")
+def peers() -> Any:
+    return load("bench_serving_peers")
+
+
+def test_log_uniform_spans_the_range_evenly_in_log(bs: Any) -> None:
+    rng = random.Random(0)
+    values = [bs.log_uniform(rng, 64, 1024) for _ in range(4000)]
+    assert min(values) >= 64 and max(values) <= 1024
+    # NOTE: four octaves (64-128-256-512-1024): about a quarter of the draws in each
+    octaves = [sum(1 for v in values if 64 * 2**k <= v < 64 * 2 ** (k + 1)) for k in range(4)]
+    assert all(800 < n < 1200 for n in octaves), octaves
+    assert math.isclose(sorted(values)[2000], math.sqrt(64 * 1024), rel_tol=0.1)
+
+
+def test_natural_prompts_are_distinct_text_of_the_drawn_lengths(bs: Any, tiny_llama_dir: Path) -> None:
+    from tokenizers import Tokenizer
+
+    text = bs.TextSource(tiny_llama_dir, seed=3)
+    load_ = bs.Workload((64, 1024), (64, 256), 24, 400, 16, 96, 1, 0)
+    jobs = bs.make_jobs(30, load_, 3, ["natural"], text=text)
+    tok = Tokenizer.from_file(str(tiny_llama_dir / "tokenizer.json"))
+    lengths = [len(tok.encode(j.prompt, add_special_tokens=False).ids) for j in jobs]
+    assert all(60 <= n <= 1030 for n in lengths), lengths  # NOTE: re-tokenized text may merge a few
+    assert max(lengths) > 3 * min(lengths)
+    assert all(64 <= j.max_tokens <= 256 for j in jobs)
+    assert len({j.prompt[:200] for j in jobs}) == 30  # no two prompts share a beginning
+    assert sum(j.prompt.count(" the ") for j in jobs) > 100  # English prose, not a word list
+    again = bs.make_jobs(30, load_, 3, ["natural"], text=bs.TextSource(tiny_llama_dir, seed=3))
+    assert [j.prompt for j in again] == [j.prompt for j in jobs]  # a seed is a workload
+
+
+def test_client_asks_for_usage_and_no_logprobs_by_default(bs: Any) -> None:
+    import asyncio
+
+    import httpx
+
+    bodies: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        chunks = [{"choices": [{"text": "a"}]}, {"choices": [{"text": "bc"}]},
+                  {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}}]
+        sse = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        return httpx.Response(200, text=sse)
+
+    async def run() -> Any:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://x/v1") as http:
+            return await bs.Client(http, "m", True, "").completion(bs.Job("natural", "hi", 3))
+
+    sample = asyncio.run(run())
+    assert "logprobs" not in bodies[0] and bodies[0]["ignore_eos"] is True
+    assert bodies[0]["stream_options"] == {"include_usage": True}
+    assert (sample.output_tokens, sample.prompt_tokens, sample.counted_by) == (3, 5, "usage")
+    assert sample.itl_per == "chunk" and len(sample.itl) == 1  # two chunks with text: one gap
+    assert bs.tpot(sample) == pytest.approx((sample.e2e - sample.ttft) / 2)
+
+
+def test_llama_server_command_and_env_file(peers: Any, tmp_path: Path) -> None:
+    side = peers.Side("llama-np8", "llama", ("--foo",), 8)
+    cmd = side.command(Path("m.gguf"), 1234, Path("/bin/llama-server"), 1536)
+    text = " ".join(cmd)
+    assert cmd[0] == "/bin/llama-server" and "-np 8" in text and "-c 12288" in text
+    assert "-fa on" in text and "-t 2" in text and "-tb 2" in text and cmd[-1] == "--foo"
+    arbor = peers.parse_side("slo=--itl-slo 0.1 --ttft-slo 1").command(Path("m.gguf"), 1, None, 1)
+    assert arbor[-4:] == ["--itl-slo", "0.1", "--ttft-slo", "1"] and "--weights" in arbor
+    env = tmp_path / "llama.cpp.env"
+    env.write_text("LLAMA_SERVER=/x/llama-server\nLLAMA_COMMIT=0c1e570\n")
+    assert peers.read_env(env) == {"LLAMA_SERVER": "/x/llama-server", "LLAMA_COMMIT": "0c1e570"}
+
+
+def test_rates_bracket_the_sides_saturation(peers: Any) -> None:
+    rates = peers.sweep_rates({"a": 1.0, "b": 4.0}, [0.5, 1.0, 1.5])
+    assert rates == [1.0, 2.0, 3.0]  # NOTE: around the geometric mean of 1 and 4
+
+
+def test_table_reports_median_and_range_over_repeats(peers: Any) -> None:
+    def cell(side: str, rep: int, tok_s: float, ttft_p99: float) -> Any:
+        stats = {"ttft_ms": {"p50": 1.0, "p99": ttft_p99}, "itl_ms": {"p99": 2.0}}
+        return peers.Cell(side, 1.0, rep, {"output_token_throughput": tok_s, "num_requests": 4, "num_ok": 4 - rep,
+                                           "buckets": {"all": stats}})
+
+    rows = peers.table([cell("a", 0, 10.0, 100.0), cell("a", 1, 14.0, 300.0), cell("a", 2, 11.0, 200.0)],
+                       ["a", "b"], [1.0])
+    assert len(rows) == 1  # side b ran nothing: no row
+    assert rows[0]["output tok/s"] == "11 (10-14)" and rows[0]["TTFT p99 ms"] == "200 (100-300)"
+    assert rows[0]["failed"] == 3 and rows[0]["repeats"] == 3
+    assert "TPOT p50 ms" not in rows[0]  # a figure no cell measured stays out
+
+
+@pytest.mark.slow
+def test_two_arbor_sides_alternate_and_write_table_and_plot(peers: Any, tiny_llama_dir: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    payload = peers.main(["--model", str(tiny_llama_dir), "--tokenizer", str(tiny_llama_dir),
+                          "--arbor", "plain=--max-model-len 512", "--arbor", "nospec=--max-model-len 512 --no-speculation",
+                          "--rates", "20", "--repeats", "2", "--num-requests", "3",
+                          "--prompt-tokens", "16", "32", "--output-tokens", "4", "8",
+                          "--name", "test_peers", "--log-dir", str(tmp_path)])
+    order = [(c["side"], c["repeat"]) for c in payload["cells"]]
+    assert order == [("plain", 0), ("nospec", 0), ("nospec", 1), ("plain", 1)]  # who goes first flips
+    assert [r["side"] for r in payload["rows"]] == ["plain", "nospec"]
+    assert all(r["failed"] == 0 and r["repeats"] == 2 for r in payload["rows"])
+    for c in payload["cells"]:
+        assert c["summary"]["output_tokens_counted_by"] == ["usage"] and c["summary"]["num_ok"] == 3
+    results = Path(payload["plots"][0])
+    from common import RESULTS  # type: ignore[import-not-found]
+
+    assert (RESULTS / results).stat().st_size > 10_000
+    assert "--no-speculation" in (tmp_path / "nospec.log").read_text()
+    assert "| 20.0 | plain |" in capsys.readouterr().out
+
+
+def test_one_slot_count_given_is_used_without_a_sweep(peers: Any) -> None:
+    args = peers.parse_args(["--model", "m.gguf", "--llama-server", "/bin/llama-server", "--np", "8",
+                             "--tokenizer", "t.json"])
+    side, cells = peers.choose_np(args, [], "warm up")
+    assert (side.name, side.np, cells) == ("llama-np8", 8, [])
