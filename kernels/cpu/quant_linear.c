@@ -9,6 +9,8 @@
  *   codes, 4 bits: [N, Kp / 2] bytes; within each 64-element superblock, byte i holds
  *                  element i in its low nibble and element 32 + i in its high nibble
  *   codes, 8 bits: [N, Kp] bytes (unsigned; Q8_0's signed q is stored as q + 128, m = -128 d)
+ *   codes, 6 bits: Q6_K as the file holds it, w = (d[n, g] * sc_j) * (code - 32) with an int8
+ *                  sc_j per 16 elements inside the codes (kernels/reference/q6_k.py; "6 bits" below)
  *   Kp = K rounded up to a multiple of 64; padded columns have code 0 and meet x = 0.
  *   tiled (AVX-512 VNNI only; N a multiple of 16): rows in tiles of 16, and within a tile
  *                  one 64-byte chunk = 4 consecutive inputs of each of the 16 rows (8 bits;
@@ -43,6 +45,15 @@
 
 #define BLOCK 32
 #define MIN_MACS_PER_THREAD (1 << 18)
+#define Q6_SUPER 256                  /* elements of a Q6_K superblock */
+#define Q6_ROW_BYTES 208              /* its bytes in the row layout: ql 128, qh 64, sc 16 */
+#define Q6_TILE_BYTES (16 * Q6_ROW_BYTES) /* its bytes in a tile: 8 blocks x 6 chunks, then sc */
+#define Q6_TILE_SC (8 * 6 * 64)       /* where a tiled superblock's sub-block scales start */
+
+/* Bytes of codes per weight row. */
+static inline int64_t qrow_bytes(int bits, int64_t kp) {
+    return bits == 4 ? kp / 2 : (bits == 6 ? kp / Q6_SUPER * Q6_ROW_BYTES : kp);
+}
 
 int arbor_quant_tiles(void);
 
@@ -80,7 +91,7 @@ static inline float half_to_float(uint16_t h) {
 
 /* One row of x (K floats) -> xq [Kp] int8, dx, xsum and xs = dx * xsum [nb] (nb = Kp / 32). */
 static void quantize_row(const float *x, int64_t k_len, int64_t nb, int8_t *xq, float *dx,
-                         int32_t *xsum, float *xs) {
+                         int32_t *xsum, int32_t *xsum16, float *xs) {
     for (int64_t b = 0; b < nb; b++) {
         const int64_t start = b * BLOCK;
         const int64_t n = k_len - start < BLOCK ? (k_len - start > 0 ? k_len - start : 0) : BLOCK;
@@ -90,16 +101,64 @@ static void quantize_row(const float *x, int64_t k_len, int64_t nb, int8_t *xq, 
             amax = a > amax ? a : amax;
         }
         const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int32_t sum = 0;
+        int32_t half[2] = {0, 0};
         for (int64_t i = 0; i < BLOCK; i++) {
             const int8_t q = i < n ? (int8_t)lrintf(x[start + i] * inv) : 0;
             xq[start + i] = q;
-            sum += q;
+            half[i >= BLOCK / 2] += q;
         }
+        const int32_t sum = half[0] + half[1];
         dx[b] = d;
         xsum[b] = sum;
+        xsum16[2 * b] = half[0], xsum16[2 * b + 1] = half[1];
         xs[b] = d * (float)sum;
     }
+}
+
+/* ---- 6 bits: Q6_K (kernels/reference/q6_k.py) -------------------------------------------
+ * A superblock of 256 codes (0..63) with an int8 scale per 16 and the row's fp16 d per
+ * superblock: per block b of 32 (halves lo, hi: sub-blocks 2b, 2b + 1),
+ *   sum_k w x ~= dx_b d (sc_lo (isum_lo - 32 xsum16_lo) + sc_hi (isum_hi - 32 xsum16_hi)),
+ * isum over code * xq, all in int32 (|total| < 2^26). The row layout is read element by
+ * element (portable; weights whose rows do not fill whole tiles); the fast path is the
+ * tiled one (tile_block, BITS == 6). */
+
+/* Code e (< 256) of a superblock in the row layout (ql: 128 bytes, qh: 64, sc: 16). */
+static inline int q6_code(const uint8_t *sb, int e) {
+    const int h = e >> 7, r = (e >> 5) & 3, i = e & 31;
+    const uint8_t ql = sb[64 * h + 32 * (r & 1) + i], qh = sb[128 + 32 * h + i];
+    return ((r < 2 ? ql : ql >> 4) & 0x0f) | (((qh >> (2 * r)) & 3) << 4);
+}
+
+/* One 6-bit weight row (codes w, d: its num_groups fp16) against one activation row. */
+static float dot_row6(const uint8_t *w, const uint16_t *d, const int8_t *xq, const float *dx,
+                      const int32_t *xsum16, int64_t nb) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *sb = w + (b / 8) * Q6_ROW_BYTES;
+        const int8_t *sc = (const int8_t *)(sb + 192);
+        const int e0 = (int)(b % 8) * BLOCK;
+        int32_t isum[2] = {0, 0};
+        for (int i = 0; i < BLOCK; i++) isum[i >> 4] += q6_code(sb, e0 + i) * xq[b * BLOCK + i];
+        const int32_t total = sc[e0 / 16] * (isum[0] - 32 * xsum16[2 * b]) +
+                              sc[e0 / 16 + 1] * (isum[1] - 32 * xsum16[2 * b + 1]);
+        acc += (half_to_float(d[b / 8]) * dx[b]) * (float)total;
+    }
+    return acc;
+}
+
+static inline void put(float *y, float v, const float *bias, int64_t n, int accumulate);
+
+/* Rows [n0, n1) of a 6-bit weight in the row layout (see arbor_qmatmul_range). */
+static void qmatmul_rows6(const ArborQWeight *w, const ArborQAct *a, int64_t n0, int64_t n1, float *y,
+                          int64_t ldy, int accumulate) {
+    const int64_t kp = w->kp, nb = kp / BLOCK, row_bytes = qrow_bytes(6, kp);
+    for (int64_t m = 0; m < a->rows; m++)
+        for (int64_t n = n0; n < n1; n++) {
+            const float v = dot_row6(w->codes + n * row_bytes, w->d + n * w->num_groups, a->xq + m * kp,
+                                     a->dx + m * nb, a->xsum16 + m * 2 * nb, nb);
+            put(y + m * ldy + (n - n0), v, w->bias, n, accumulate);
+        }
 }
 
 #if defined(QPATH_AVX512)
@@ -286,6 +345,71 @@ static inline __attribute__((always_inline)) void dot_block(
  * rows over calls or threads computes the same bits (the fused step relies on it). */
 enum { TILE_GROUP = 4, TILE_JN = 2 };
 
+/* The top two bits of codes 4c..4c+3 (each byte's bits 2c, 2c + 1, see q6_k.py) moved to
+ * bits 4, 5 of each byte: shifts of 16-bit lanes by at most 4 bring no bits from a byte's
+ * neighbour into bits 4, 5. */
+static inline __m512i q6_top(__m512i h, const int c) {
+    const __m512i mask = _mm512_set1_epi8(0x30);
+    const __m512i at = c == 0 ? _mm512_slli_epi16(h, 4) : c == 1 ? _mm512_slli_epi16(h, 2)
+                     : c == 2 ? h : _mm512_srli_epi16(h, 2);
+    return _mm512_and_si512(at, mask);
+}
+
+/* The 6-bit (Q6_K) tile_block: per block, each half (sub-block) is 4 vpdpbusd into an integer
+ * sum, turned into sc * (isum - 32 xsum16) in int32; the two halves' sum is converted and
+ * scaled by d * dx once. A tile's superblock: 8 blocks of 6 chunks (nibbles of both halves,
+ * then the top bits of the low half, of the high half), then sc [16 sub-blocks][16 rows]. */
+static inline __attribute__((always_inline)) void tile_block6(
+    const uint8_t *codes, int64_t tile_bytes, const uint16_t *d, int64_t tile_scales, int64_t nb,
+    const int8_t *xq, int64_t kp, const float *dx, const int32_t *xsum16, const int NT, const int JN,
+    __m512 acc[TILE_GROUP][TILE_JN]) {
+    for (int i = 0; i < NT; i++)
+        for (int j = 0; j < JN; j++) acc[i][j] = _mm512_setzero_ps();
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t at = (b / 8) * Q6_TILE_BYTES + (b % 8) * 6 * 64;
+        const uint8_t *sc = codes + (b / 8) * Q6_TILE_BYTES + Q6_TILE_SC + (b % 8) * 2 * 16;
+        const int8_t *xb = xq + b * BLOCK;
+        __m512i total[TILE_GROUP][TILE_JN];
+        for (int i = 0; i < NT; i++)
+            for (int j = 0; j < JN; j++) total[i][j] = _mm512_setzero_si512();
+        for (int half = 0; half < 2; half++) {
+            __m512i isum[TILE_GROUP][TILE_JN], top[TILE_GROUP];
+            for (int i = 0; i < NT; i++) {
+                top[i] = _mm512_loadu_si512((const void *)(codes + i * tile_bytes + at + (4 + half) * 64));
+                for (int j = 0; j < JN; j++) isum[i][j] = _mm512_setzero_si512();
+            }
+            for (int c = 0; c < 4; c++) {
+                __m512i q[TILE_GROUP];
+                for (int i = 0; i < NT; i++) {
+                    const __m512i v = _mm512_loadu_si512((const void *)(codes + i * tile_bytes + at + c * 64));
+                    q[i] = _mm512_or_si512(_mm512_and_si512(half ? _mm512_srli_epi16(v, 4) : v, low), q6_top(top[i], c));
+                }
+                for (int j = 0; j < JN; j++) {
+                    int32_t x4;
+                    memcpy(&x4, xb + j * kp + 16 * half + 4 * c, 4);
+                    const __m512i xv = _mm512_set1_epi32(x4);
+                    for (int i = 0; i < NT; i++) isum[i][j] = _mm512_dpbusd_epi32(isum[i][j], q[i], xv);
+                }
+            }
+            for (int i = 0; i < NT; i++) {
+                const __m512i s = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sc + i * tile_bytes + half * 16)));
+                for (int j = 0; j < JN; j++) {
+                    const __m512i part = _mm512_mullo_epi32(
+                        s, _mm512_sub_epi32(isum[i][j], _mm512_set1_epi32(32 * xsum16[j * 2 * nb + 2 * b + half])));
+                    total[i][j] = _mm512_add_epi32(total[i][j], part);
+                }
+            }
+        }
+        for (int i = 0; i < NT; i++) {
+            const __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + i * tile_scales + (b / 8) * 16)));
+            for (int j = 0; j < JN; j++)
+                acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total[i][j]), _mm512_mul_ps(wd, _mm512_set1_ps(dx[j * nb + b])),
+                                            acc[i][j]);
+        }
+    }
+}
+
 static inline __attribute__((always_inline)) void tile_block(
     const uint8_t *codes, int64_t tile_bytes, const uint16_t *d, const uint16_t *mo, int64_t tile_scales,
     int group_shift, int64_t nb, const int8_t *xq, int64_t kp, const float *dx, const float *xs,
@@ -356,8 +480,8 @@ static inline __attribute__((always_inline)) void tile_block(
 static void qmatmul_tiles(const ArborQWeight *w, const ArborQAct *a, int64_t n0, int64_t n1, float *y,
                           int64_t ldy, int accumulate) {
     const int64_t kp = w->kp, nb = kp / BLOCK, rows = a->rows;
-    const int64_t tile_bytes = 16 * (w->bits == 4 ? kp / 2 : kp), tile_scales = 16 * w->num_groups;
-    const int row_scale = w->num_groups == 1;
+    const int64_t tile_bytes = 16 * qrow_bytes(w->bits, kp), tile_scales = 16 * w->num_groups;
+    const int row_scale = w->num_groups == 1 && w->bits != 6;
     const int64_t t_end = (n1 + 15) / 16;
     for (int64_t t0 = n0 / 16; t0 < t_end; t0 += TILE_GROUP) {
         const int64_t nt = t_end - t0 < TILE_GROUP ? t_end - t0 : TILE_GROUP;
@@ -377,7 +501,16 @@ static void qmatmul_tiles(const ArborQWeight *w, const ArborQAct *a, int64_t n0,
         else if (nt == 2) BY_JN(2, BITS, RS);                                                      \
         else BY_JN(1, BITS, RS);                                                                   \
     } while (0)
-            if (w->bits == 8) {
+            if (w->bits == 6) {
+#define TB6(NT, JN) tile_block6(codes, tile_bytes, d, tile_scales, nb, xq, kp, dx, a->xsum16 + m0 * 2 * nb, NT, JN, acc)
+#define BY_JN6(NT) do { if (jn == 2) TB6(NT, 2); else TB6(NT, 1); } while (0)
+                if (nt == 4) BY_JN6(4);
+                else if (nt == 3) BY_JN6(3);
+                else if (nt == 2) BY_JN6(2);
+                else BY_JN6(1);
+#undef BY_JN6
+#undef TB6
+            } else if (w->bits == 8) {
                 if (row_scale) BY_NT(8, 1);
                 else BY_NT(8, 0);
             } else {
@@ -548,38 +681,41 @@ static float dot_row1_avx2(const ArborQWeight *w, int64_t n, const ArborQAct *a,
 }
 #endif
 
-/* The byte sizes of an ArborQAct's arrays, in layout order: xq, dx, xs, xsum, dxe (each
- * placed 64-byte aligned; dxe has 16 floats of slack for the last vector load). */
-static void qact_sizes(int64_t rows, int64_t kp, size_t sizes[5]) {
+/* The byte sizes of an ArborQAct's arrays, in layout order: xq, dx, xs, xsum, dxe, xsum16
+ * (each placed 64-byte aligned; dxe has 16 floats of slack for the last vector load). */
+enum { QACT_ARRAYS = 6 };
+static void qact_sizes(int64_t rows, int64_t kp, size_t sizes[QACT_ARRAYS]) {
     const size_t nb = (size_t)(kp / BLOCK), r = (size_t)rows;
     sizes[0] = r * (size_t)kp, sizes[1] = sizes[2] = sizes[3] = 4 * r * nb, sizes[4] = 4 * r * nb * 8 + 64;
+    sizes[5] = 8 * r * nb;
 }
 
 static size_t align64(size_t n) { return (n + 63) / 64 * 64; }
 
 size_t arbor_qact_bytes(int64_t rows, int64_t kp) {
-    size_t sizes[5], total = 0;
+    size_t sizes[QACT_ARRAYS], total = 0;
     qact_sizes(rows, kp, sizes);
-    for (int i = 0; i < 5; i++) total += align64(sizes[i]);
+    for (int i = 0; i < QACT_ARRAYS; i++) total += align64(sizes[i]);
     return total;
 }
 
 void arbor_qact_init(ArborQAct *a, void *mem, int64_t rows, int64_t kp) {
-    size_t sizes[5];
+    size_t sizes[QACT_ARRAYS];
     qact_sizes(rows, kp, sizes);
     char *p = mem;
     a->xq = (int8_t *)p, p += align64(sizes[0]);
     a->dx = (float *)p, p += align64(sizes[1]);
     a->xs = (float *)p, p += align64(sizes[2]);
     a->xsum = (int32_t *)p, p += align64(sizes[3]);
-    a->dxe = (float *)p;
+    a->dxe = (float *)p, p += align64(sizes[4]);
+    a->xsum16 = (int32_t *)p;
     a->rows = rows, a->kp = kp;
 }
 
 void arbor_qact_quantize_row(ArborQAct *a, int64_t r, const float *x, int64_t k_len) {
     const int64_t kp = a->kp, nb = kp / BLOCK, nsb = nb / 2;
     float *dx = a->dx + r * nb;
-    quantize_row(x, k_len, nb, a->xq + r * kp, dx, a->xsum + r * nb, a->xs + r * nb);
+    quantize_row(x, k_len, nb, a->xq + r * kp, dx, a->xsum + r * nb, a->xsum16 + r * 2 * nb, a->xs + r * nb);
     float *dxe = a->dxe + r * nsb * 16;
     for (int64_t sb = 0; sb < nsb; sb++)
         for (int i = 0; i < 16; i++) dxe[sb * 16 + i] = dx[2 * sb + (i >= 8)];
@@ -592,7 +728,11 @@ static inline void put(float *y, float v, const float *bias, int64_t n, int accu
 
 void arbor_qmatmul_range(const ArborQWeight *w, const ArborQAct *a, int64_t n0, int64_t n1, float *y,
                          int64_t ldy, int accumulate) {
-    const int64_t kp = w->kp, nb = kp / BLOCK, rows = a->rows, row_bytes = w->bits == 4 ? kp / 2 : kp;
+    const int64_t kp = w->kp, nb = kp / BLOCK, rows = a->rows, row_bytes = qrow_bytes(w->bits, kp);
+    if (w->bits == 6 && !w->tiled) {
+        qmatmul_rows6(w, a, n0, n1, y, ldy, accumulate);
+        return;
+    }
 #if defined(QPATH_AVX512)
     if (w->tiled) {
         qmatmul_tiles(w, a, n0, n1, y, ldy, accumulate);
@@ -742,7 +882,7 @@ void arbor_qmatmul_range(const ArborQWeight *w, const ArborQAct *a, int64_t n0, 
 
 /* y[M, N] = x[M, K] @ W^T (+ bias). Returns 0, -1 when scratch memory ran out, -2 for a
  * tiled weight in a build without the AVX-512 VNNI path (arbor_quant_tiles() is 0).
- *   codes: [N, row_bytes] (row_bytes = Kp / 2 or Kp), d, mo: [N, num_groups] fp16 bits, in
+ *   codes: [N, row_bytes] (row_bytes = Kp / 2, Kp, or Kp / 256 * 208), d, mo: [N, num_groups] fp16 bits, in
  *   rows or (tiled) in tiles of 16 rows. */
 int arbor_quant_linear(const float *x, int64_t rows, int64_t k_len, const uint8_t *codes,
                        const uint16_t *d, const uint16_t *mo, int64_t n_out, int64_t kp,
@@ -805,6 +945,54 @@ static void untile_row(const uint8_t *codes, const uint16_t *d, const uint16_t *
     }
 }
 
+/* Superblock s of row n of a 6-bit weight: its 256 codes, 16 sub-block scales and d. */
+static void q6_superblock(const uint8_t *codes, const uint16_t *d, int64_t n, int64_t s, int64_t kp,
+                          int64_t num_groups, int tiled, uint8_t q[Q6_SUPER], int8_t sc[16], uint16_t *dn) {
+    const int64_t row_bytes = qrow_bytes(6, kp);
+    if (!tiled) {
+        const uint8_t *sb = codes + n * row_bytes + s * Q6_ROW_BYTES;
+        for (int e = 0; e < Q6_SUPER; e++) q[e] = (uint8_t)q6_code(sb, e);
+        memcpy(sc, sb + 192, 16);
+        *dn = d[n * num_groups + s];
+        return;
+    }
+    const int64_t t = n / 16, r = n % 16;
+    const uint8_t *sb = codes + t * 16 * row_bytes + s * Q6_TILE_BYTES;
+    for (int b = 0; b < 8; b++) {
+        const uint8_t *blk = sb + b * 6 * 64 + 4 * r;
+        for (int c = 0; c < 4; c++) {
+            for (int k = 0; k < 4; k++) {
+                const uint8_t nib = blk[c * 64 + k], lo_top = blk[4 * 64 + k], hi_top = blk[5 * 64 + k];
+                q[32 * b + 4 * c + k] = (uint8_t)((nib & 0x0f) | (((lo_top >> (2 * c)) & 3) << 4));
+                q[32 * b + 16 + 4 * c + k] = (uint8_t)((nib >> 4) | (((hi_top >> (2 * c)) & 3) << 4));
+            }
+        }
+    }
+    for (int j = 0; j < 16; j++) sc[j] = (int8_t)sb[Q6_TILE_SC + j * 16 + r];
+    *dn = d[t * 16 * num_groups + s * 16 + r];
+}
+
+/* arbor_dequantize for 6 bits: (d * sc_j) * (code - 32), as gguf's dequantizer computes it. */
+__attribute__((optimize("fp-contract=off"))) static void dequantize6(
+    const uint8_t *codes, const uint16_t *d, int64_t n_out, int64_t kp, int64_t num_groups, int tiled,
+    void *out, int bf16, int num_threads) {
+#pragma omp parallel for num_threads(threads_for(n_out * kp * 4, num_threads)) schedule(static)
+    for (int64_t n = 0; n < n_out; n++) {
+        for (int64_t s = 0; s < kp / Q6_SUPER; s++) {
+            uint8_t q[Q6_SUPER];
+            int8_t sc[16];
+            uint16_t dh;
+            q6_superblock(codes, d, n, s, kp, num_groups, tiled, q, sc, &dh);
+            const float dv = half_to_float(dh);
+            for (int e = 0; e < Q6_SUPER; e++) {
+                const float v = (dv * (float)sc[e / 16]) * (float)((int)q[e] - 32);
+                if (bf16) ((uint16_t *)out)[n * kp + s * Q6_SUPER + e] = to_bf16(v);
+                else ((float *)out)[n * kp + s * Q6_SUPER + e] = v;
+            }
+        }
+    }
+}
+
 /* out[N, K] = d * code + m, the reference's dequantize bit for bit, in fp32 (bf16 = 0) or
  * rounded to bf16 (bf16 = 1: torch's float -> bfloat16 of those values). One pass over
  * the codes, rows split over threads: the large-batch paths multiply the result with
@@ -813,6 +1001,10 @@ __attribute__((optimize("fp-contract=off"))) void arbor_dequantize(
     const uint8_t *codes, const uint16_t *d, const uint16_t *mo, int64_t n_out, int64_t k_len,
     int64_t kp, int64_t num_groups, int group_shift, int bits, int tiled, void *out, int bf16,
     int num_threads) {
+    if (bits == 6) { /* k_len == kp: Q6_K rows are whole superblocks */
+        dequantize6(codes, d, n_out, kp, num_groups, tiled, out, bf16, num_threads);
+        return;
+    }
     const int64_t nb = kp / BLOCK, row_bytes = bits == 4 ? kp / 2 : kp;
 #pragma omp parallel for num_threads(threads_for(n_out * kp * 4, num_threads)) schedule(static)
     for (int64_t n = 0; n < n_out; n++) {

@@ -1,17 +1,18 @@
-"""A GGUF model's weights loaded as they are stored: Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 blocks
-become ``QuantizedWeight`` codes and scales bit for bit (``weights="gguf"``), with no fp32
-copy (Q5's 5-bit codes held in 8 bits).
+"""A GGUF model's weights loaded as they are stored: Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q6_K
+blocks become ``QuantizedWeight`` codes and scales bit for bit (``weights="gguf"``), with no
+fp32 copy (Q5's 5-bit codes held in 8 bits; Q6_K as it is stored).
 
 What conversion (``convert.py``, through transformers) does to the numbers, we do to rows:
 llama.cpp stores a Llama model's q and k projections with the rows of each head
 interleaved for its rotary layout; undoing that is a row permutation, which moves whole
 quantized rows. Tensors in other types (F32/F16 norms, or a linear in a K-quant we have
-no kernel for: Q6_K, Q2_K, Q3_K, ...) are dequantized with the ``gguf`` package; such a
+no kernel for: Q2_K, Q3_K, ...) are dequantized with the ``gguf`` package; such a
 linear is then quantized to int8 in groups of 32, and the log says so. Q4_K and Q5_K blocks
 load as groups of 32 (their scales rounded to fp16: ``kernels.reference.quant._from_k_quant``).
-Every one of these is a format of groups of 32, so parts of a fused weight stored in
-different ones (a file's v in Q6_K, its q and k in Q4_K) stack without requantizing: 4-bit
-parts are widened to 8-bit codes (``widen``).
+Every one of these but Q6_K is a format of groups of 32, so parts of a fused weight stored
+in different ones (a file's v in Q8_0, its q and k in Q4_K) stack without requantizing: 4-bit
+parts are widened to 8-bit codes (``widen``); a Q6_K part beside other types (its scales are
+per 16 elements) is quantized to int8 in groups of 32 first.
 
 Everything is read tensor by tensor from the file's memory map (``GGUFFile``); where the
 kernels read tiles, Q4_0 / Q4_1 bytes go straight to the tiled layout
@@ -214,8 +215,12 @@ def _build(weights: Weights, args: ModelArgs, max_positions: int) -> LlamaForCau
 
 def _fused(name: str, parts: list[QuantizedWeight]) -> QuantizedWeight:
     """Parts stacked into one weight. Parts of different code widths but the same groups (a
-    file may keep v in Q8_0 or Q6_K and q, k in Q4) stack exactly, the 4-bit ones widened
-    to 8-bit codes; parts of different groups are requantized together to int8 per channel."""
+    file may keep v in Q8_0 and q, k in Q4) stack exactly, the 4-bit ones widened to 8-bit
+    codes; a 6-bit (Q6_K) part among others is first quantized to int8 in groups of 32;
+    parts of still different groups are requantized together to int8 per channel."""
+    if len({p.bits for p in parts}) > 1 and any(p.bits == 6 for p in parts):
+        log.info("GGUF %s: a Q6_K part beside other types, quantizing it to int8 in groups of 32", name)
+        parts = [quantize_int8(dequantize(p), blocks_per_group=1) if p.bits == 6 else p for p in parts]
     if len({p.bits for p in parts}) > 1 and len({p.blocks_per_group for p in parts}) == 1:
         parts = [widen(p) for p in parts]
     if len({(p.bits, p.blocks_per_group) for p in parts}) == 1:
