@@ -54,7 +54,9 @@ class GGUFTensors:
     def __init__(self, gguf: GGUFFile, tiles: bool = False) -> None:
         self.gguf = gguf
         self.path = gguf.path
-        self.tiles = tiles  # build Q4_0 / Q4_1 weights straight in the tiled layout
+        # the kernels read tiles: build Q4_0 / Q4_1 weights straight in the tiled layout, and
+        # keep Q6_K as stored (its fast path is the tiled one; elsewhere int8 in groups of 32)
+        self.tiles = tiles
 
     def has(self, name: str) -> bool:
         return name in self.gguf.tensors
@@ -100,14 +102,17 @@ class GGUFTensors:
         self.gguf.release(name)
         return out.reshape(tuple(reversed(info.shape)))
 
+    def _q6_k_native(self, info: TensorInfo) -> bool:
+        return q6_k_native(info.num_elements // info.shape[0], self.tiles)
+
     def quantized(self, name: str) -> QuantizedWeight:
         """A 2-D weight ``[N, K]`` as ``QuantizedWeight`` (its own blocks where we have a
         kernel for them)."""
         info, raw = self._raw(name)
         in_features = info.shape[0]  # GGUF lists dims innermost first
-        if info.type_name not in GGML_KINDS:
-            log.info("GGUF tensor %s is %s: no kernel for it, quantizing to int8 in groups of 32", name,
-                     info.type_name)
+        if info.type_name not in GGML_KINDS or (info.type_name == "Q6_K" and not self._q6_k_native(info)):
+            log.info("GGUF tensor %s is %s: no fast kernel for it here, quantizing to int8 in groups of 32",
+                     name, info.type_name)
             return quantize_int8(self.dense(name).reshape(-1, in_features), blocks_per_group=1)
         with warnings.catch_warnings():  # the map is read-only; from_ggml_blocks only reads it
             warnings.simplefilter("ignore", UserWarning)
@@ -116,6 +121,12 @@ class GGUFTensors:
         del blocks
         self.gguf.release(name)
         return weight
+
+
+def q6_k_native(rows: int, tiles: bool) -> bool:
+    """Whether a Q6_K weight of ``rows`` rows is held as stored: where the kernels read
+    tiles and its rows fill whole tiles (the 6-bit row layout has only a portable kernel)."""
+    return tiles and rows % TILE_ROWS == 0
 
 
 def _unpermute_rows(num_heads: int, rows: int) -> torch.Tensor:

@@ -15,9 +15,11 @@ from typing import Any
 
 import torch
 
+import kernels
 from runtime.errors import ModelLoadError
 from runtime.model.gguf_config import expected_shapes
 from runtime.model.gguf_file import GGUFFile
+from runtime.model.gguf_weights import q6_k_native
 from runtime.model.kv_cache import KVCache
 
 GROUP_BYTES_PER_ELEMENT = 4 / 32  # an fp16 scale and offset per group of 32 elements
@@ -84,21 +86,23 @@ def _gguf_nbytes(shapes: dict[str, tuple[int, ...]], gguf: GGUFFile) -> int:
             stem = next((g for g in group if f".{g}.weight" in name), None)
             if stem is not None:
                 kinds[name] = {kind(name.replace(f".{stem}.", f".{g}.")) for g in group}
+    tiles = kernels.reads_tiles()
     total = 0
     for name, shape in shapes.items():
         if len(shape) == 1:
             total += _numel(shape) * 4
             continue
         padded = -(-shape[0] // 64) * 64 * _numel(shape[1:])
-        total += int(padded * _bytes_per_element(kinds[name]))
+        total += int(padded * _bytes_per_element(kinds[name], q6_k_native(_numel(shape[1:]), tiles)))
     return total
 
 
-def _bytes_per_element(kinds: set[str]) -> float:
+def _bytes_per_element(kinds: set[str], q6_k_as_stored: bool) -> float:
     """Bytes an element of a weight stored in ``kinds`` (its fused parts' types) takes: Q6_K
-    as in the file (its d and -32 d per 256); 4-bit kinds as 4-bit codes; everything else, and
-    a mix with Q6_K, as 8-bit codes; scales and offsets fp16 per group of 32."""
-    if kinds == {"Q6_K"}:
+    as in the file (its d and -32 d per 256) where ``gguf_weights.q6_k_native``; 4-bit kinds
+    as 4-bit codes; everything else, and a mix with Q6_K, as 8-bit codes; scales and offsets
+    fp16 per group of 32."""
+    if kinds == {"Q6_K"} and q6_k_as_stored:
         return Q6_K_BYTES_PER_ELEMENT
     bits = 4 if kinds <= set(_FOUR_BIT_KINDS) else 8
     return bits / 8 + GROUP_BYTES_PER_ELEMENT
