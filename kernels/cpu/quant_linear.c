@@ -89,6 +89,25 @@ static inline float half_to_float(uint16_t h) {
 #endif
 }
 
+/* float -> IEEE half, rounded to nearest even (F16C where there is one; torch's .half()). */
+static inline uint16_t float_to_half(float f) {
+#if defined(__F16C__) && !defined(ARBOR_QUANT_SCALAR)
+    return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    const uint32_t sign = (x >> 16) & 0x8000, abs = x & 0x7fffffff;
+    if (abs >= 0x7f800000) return (uint16_t)(sign | 0x7c00 | (abs > 0x7f800000 ? 0x200 : 0)); /* inf, nan */
+    if (abs >= 0x477ff000) return (uint16_t)(sign | 0x7c00); /* rounds past 65504: inf */
+    if (abs < 0x38800000) { /* a half subnormal (or zero): round abs / 2^-24 to an integer */
+        const float scaled = (float)(abs == 0 ? 0.0 : (double)f * (f < 0 ? -16777216.0 : 16777216.0));
+        return (uint16_t)(sign | (uint32_t)lrintf(scaled));
+    }
+    const uint32_t m = abs + 0xfff + ((abs >> 13) & 1); /* round the 13 dropped bits to even */
+    return (uint16_t)(sign | ((m - 0x38000000) >> 13));
+#endif
+}
+
 /* One row of x (K floats) -> xq [Kp] int8, dx, xsum and xs = dx * xsum [nb] (nb = Kp / 32). */
 static void quantize_row(const float *x, int64_t k_len, int64_t nb, int8_t *xq, float *dx,
                          int32_t *xsum, int32_t *xsum16, float *xs) {
@@ -1055,6 +1074,41 @@ __attribute__((optimize("fp-contract=off"))) void arbor_dequantize(
                 memcpy((uint16_t *)out + n * k_len + b * BLOCK, h, (size_t)len * sizeof(uint16_t));
             } else {
                 memcpy((float *)out + n * k_len + b * BLOCK, v, (size_t)len * sizeof(float));
+            }
+        }
+    }
+}
+
+/* Q4_0 / Q4_1 blocks (GGUF: per row, blocks of 32 elements of d [, m] fp16 and 16 bytes of
+ * nibbles, byte j: element j low, j + 16 high) straight into the tiled 4-bit layout, one
+ * pass, no unpacking: a block's 16 nibble bytes are already its 4 chunks of 4 bytes
+ * (kernels/reference/quant.py, tiled_from_q4_blocks, is the specification). Output row n
+ * is read from rows[n] (the caller's pointers into the file's map: a fused weight's parts,
+ * q / k rows in their un-permuted order). n_out is a multiple of 16; blocks past the row's
+ * nb = k_len / 32 (up to kp / 32) get code 0 and d = m = 0.
+ *   codes: [n_out / 16][kp / 32][4][16][4] bytes; d, m: [n_out / 16][kp / 32][16] fp16 bits
+ *   (Q4_0: m = -8 d, rounded to fp16 as torch rounds it). */
+void arbor_tile_q4_blocks(const uint8_t *const *rows, int64_t n_out, int64_t k_len, int64_t kp, int with_m,
+                          uint8_t *codes, uint16_t *d, uint16_t *m, int num_threads) {
+    const int64_t nb = k_len / BLOCK, kb = kp / BLOCK, block_bytes = with_m ? 20 : 18, qs = with_m ? 4 : 2;
+    const int64_t tiles = n_out / 16;
+#pragma omp parallel for num_threads(threads_for(n_out * kp, num_threads)) schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        uint8_t *ct = codes + t * kb * 4 * 64;
+        uint16_t *dt = d + t * kb * 16, *mt = m + t * kb * 16;
+        for (int64_t b = 0; b < kb; b++) {
+            for (int r = 0; r < 16; r++) {
+                uint8_t *cb = ct + b * 4 * 64 + 4 * r;
+                if (b >= nb) {
+                    for (int c = 0; c < 4; c++) memset(cb + c * 64, 0, 4);
+                    dt[b * 16 + r] = mt[b * 16 + r] = 0;
+                    continue;
+                }
+                const uint8_t *src = rows[t * 16 + r] + b * block_bytes;
+                for (int c = 0; c < 4; c++) memcpy(cb + c * 64, src + qs + 4 * c, 4);
+                memcpy(dt + b * 16 + r, src, 2);
+                if (with_m) memcpy(mt + b * 16 + r, src + 2, 2);
+                else mt[b * 16 + r] = float_to_half(-8.0f * half_to_float(dt[b * 16 + r]));
             }
         }
     }

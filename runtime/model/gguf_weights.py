@@ -28,6 +28,7 @@ import warnings
 import numpy as np
 import torch
 
+import kernels
 from kernels import QuantizedWeight
 from kernels.reference.quant import (
     GGML_KINDS,
@@ -76,6 +77,9 @@ class GGUFTensors:
         rows = sum(i.shape[1] for i in infos)
         kinds = {(i.type_name, i.shape[0]) for i in infos}
         if self.tiles and len(kinds) == 1 and infos[0].type_name in ("Q4_0", "Q4_1") and rows % TILE_ROWS == 0:
+            weight = self._tiled_in_c(names, orders, infos[0].type_name, infos[0].shape[0])
+            if weight is not None:
+                return weight
             parts = []
             with warnings.catch_warnings():  # the map is read-only; only read here
                 warnings.simplefilter("ignore", UserWarning)
@@ -91,6 +95,21 @@ class GGUFTensors:
         weights = [self.quantized(n) if o is None else self.quantized(n).rows(o) for n, o in zip(names, orders,
                                                                                                 strict=True)]
         return weights[0] if len(weights) == 1 else _fused(names[0], weights)
+
+    def _tiled_in_c(self, names: list[str], orders: list[torch.Tensor | None], kind: str,
+                    in_features: int) -> QuantizedWeight | None:
+        """``stacked``'s Q4 parts tiled by the C kernel straight from the map (None: no C
+        kernel in use): each output row's address, parts in turn, rows in their order."""
+        addresses = []
+        for name, order in zip(names, orders, strict=True):
+            raw = self._raw(name)[1]
+            index = np.arange(raw.shape[0], dtype=np.uint64) if order is None else order.numpy().astype(np.uint64)
+            addresses.append(raw.ctypes.data + index * np.uint64(raw.shape[1]))
+        weight = kernels.tile_q4_blocks(np.concatenate(addresses), kind, in_features)
+        if weight is not None:
+            for name in names:
+                self.gguf.release(name)
+        return weight
 
     def dense(self, name: str) -> torch.Tensor:  # [*shape] float32 (torch order), dequantized if need be
         import gguf

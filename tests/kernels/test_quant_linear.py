@@ -362,7 +362,7 @@ def test_widen_holds_4_bit_codes_in_8() -> None:
 
 def test_ggml_blocks_refuse_unknown_types_and_partial_blocks() -> None:
     with pytest.raises(ValueError, match="unsupported GGUF block type"):
-        Q.from_ggml_blocks(torch.zeros(1, 18, dtype=torch.uint8), "Q6_K", 32)
+        Q.from_ggml_blocks(torch.zeros(1, 18, dtype=torch.uint8), "Q3_K", 32)
     with pytest.raises(ValueError, match="whole blocks"):
         Q.from_ggml_blocks(torch.zeros(1, 18, dtype=torch.uint8), "Q4_0", 40)
 
@@ -460,3 +460,23 @@ def test_q6_k_tiled_kernel_matches_the_reference(tiling: CpuQuantLinear, rows: i
     torch.testing.assert_close(out, tiling(x, weight, bias), atol=2e-6 * exact.abs().max().item(), rtol=1e-5)
     assert torch.equal(tiling.dequantize(Q.tile(weight)), Q.dequantize(weight))
     assert torch.equal(tiling.dequantize(Q.tile(weight), torch.bfloat16), Q.dequantize(weight).bfloat16())
+
+
+@pytest.mark.parametrize(("kind", "k"), [("Q4_0", 96), ("Q4_1", 576), ("Q4_0", 64), ("Q4_1", 2048)])
+def test_c_tiling_of_q4_blocks_is_the_references(kernel: CpuQuantLinear, kind: str, k: int) -> None:
+    """The C pass from row addresses (here a permutation of a tensor's rows, as the loader
+    un-permutes q / k) equals the torch one on the permuted rows, Q4_0's m = -8 d rounded
+    alike (subnormal, largest and overflowing d included); 96 and 576 columns pad to whole
+    superblocks."""
+    values = _randn(48, k, seed=48).numpy()
+    raw = gguf.quants.quantize(values, gguf.GGMLQuantizationType[kind])
+    d = raw.reshape(48, k // 32, -1)[:, :, :2]
+    for row, bits in enumerate([0x0001, 0x03FF, 0x0400, 0x5000, 0x7BFF, 0x77FF, 0x8001, 0xFBFF]):
+        d[row, 0] = np.array([bits], dtype=np.uint16).view(np.uint8)
+    order = np.random.default_rng(49).permutation(48)
+    got = kernel.tile_q4_blocks(raw.ctypes.data + order.astype(np.uint64) * np.uint64(raw.shape[1]), kind, k)
+    want = Q.tiled_from_q4_blocks(torch.from_numpy(raw)[torch.from_numpy(order)], kind, k)
+    for field in ("codes", "scales", "offsets"):
+        assert torch.equal(getattr(got, field), getattr(want, field)), field
+    with pytest.raises(ValueError, match="whole tiles"):
+        kernel.tile_q4_blocks(np.zeros(40, dtype=np.uint64), kind, k)
