@@ -279,7 +279,7 @@ def reads_tiles() -> bool:
 
 
 def tile_q4_blocks(rows: np.ndarray, kind: str, in_features: int) -> QuantizedWeight | None:
-    """Q4_0 / Q4_1 blocks straight to the tiled layout in one C pass, where the C kernel in
+    """Q4_0 / Q4_1 / Q4_K blocks straight to the tiled layout in one C pass, where the C kernel in
     use reads tiles (``CpuQuantLinear.tile_q4_blocks``; ``rows``: each output row's address);
     None otherwise (the caller has ``reference.quant.tiled_from_q4_blocks``)."""
     native = _cpu_in_use()

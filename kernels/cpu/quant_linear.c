@@ -1114,6 +1114,44 @@ void arbor_tile_q4_blocks(const uint8_t *const *rows, int64_t n_out, int64_t k_l
     }
 }
 
+/* Q4_K superblocks (d, dmin fp16, 12 bytes of 6-bit sub-block scales and mins, 128 bytes of
+ * nibbles: per 64 elements, byte i holds element i low and 32 + i high) straight into the
+ * tiled 4-bit layout with groups of 32: d * sc_j and -dmin * m_j rounded to fp16 (the
+ * specification: tile(from_ggml_blocks(raw, "Q4_K", k)) in kernels/reference/quant.py).
+ * Rows and outputs as arbor_tile_q4_blocks; k_len a multiple of 256 (= kp). */
+void arbor_tile_q4_k_blocks(const uint8_t *const *rows, int64_t n_out, int64_t k_len, uint8_t *codes,
+                            uint16_t *d, uint16_t *m, int num_threads) {
+    const int64_t ns = k_len / 256, kb = k_len / BLOCK, tiles = n_out / 16;
+#pragma omp parallel for num_threads(threads_for(n_out * k_len, num_threads)) schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        uint8_t *ct = codes + t * kb * 4 * 64;
+        uint16_t *dt = d + t * kb * 16, *mt = m + t * kb * 16;
+        for (int r = 0; r < 16; r++) {
+            for (int64_t s = 0; s < ns; s++) {
+                const uint8_t *src = rows[t * 16 + r] + s * 144, *q = src + 4, *nib = src + 16;
+                uint16_t dh, mh;
+                memcpy(&dh, src, 2);
+                memcpy(&mh, src + 2, 2);
+                const float dv = half_to_float(dh), dmin = half_to_float(mh);
+                for (int j = 0; j < 8; j++) { /* sub-block j = our block 8 s + j */
+                    const int sc = j < 4 ? q[j] & 63 : (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+                    const int mn = j < 4 ? q[j + 4] & 63 : (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+                    const int64_t b = s * 8 + j;
+                    dt[b * 16 + r] = float_to_half(dv * (float)sc);
+                    mt[b * 16 + r] = float_to_half(-(dmin * (float)mn));
+                    const uint8_t *pair = nib + (j / 2) * 32; /* element i of the block: byte i's nibble */
+                    const int shift = (j & 1) ? 4 : 0;
+                    for (int c = 0; c < 4; c++) {
+                        uint8_t *out = ct + (b * 4 + c) * 64 + 4 * r;
+                        for (int k = 0; k < 4; k++)
+                            out[k] = (uint8_t)(((pair[4 * c + k] >> shift) & 0x0f) | (((pair[16 + 4 * c + k] >> shift) & 0x0f) << 4));
+                    }
+                }
+            }
+        }
+    }
+}
+
 /* Whether this build (and so this CPU: -march=native) has AVX512_BF16, whose oneDNN bf16
  * matmul the large-batch path uses (arbor_dequantize writes the bf16 weight with it). */
 int arbor_quant_has_bf16(void) {

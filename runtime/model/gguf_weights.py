@@ -69,17 +69,20 @@ class GGUFTensors:
 
     def stacked(self, names: list[str], orders: list[torch.Tensor | None] | None = None) -> QuantizedWeight:
         """The weights ``names`` stacked along the output dim (a fused q/k/v or gate/up),
-        rows of part i taken in ``orders[i]`` (None: as stored). Parts all Q4_0 or all Q4_1
-        in whole tiles go from the file's bytes straight to the tiled layout (one copy);
-        others through ``quantized`` and ``_fused``."""
+        rows of part i taken in ``orders[i]`` (None: as stored). Parts all Q4_0, all Q4_1 or
+        all Q4_K in whole tiles go from the file's bytes straight to the tiled layout (one C
+        pass; Q4_0 / Q4_1 in torch without the C kernels); others through ``quantized`` and
+        ``_fused``."""
         infos = [self.gguf.tensor(n) for n in names]
         orders = orders or [None] * len(names)
         rows = sum(i.shape[1] for i in infos)
         kinds = {(i.type_name, i.shape[0]) for i in infos}
-        if self.tiles and len(kinds) == 1 and infos[0].type_name in ("Q4_0", "Q4_1") and rows % TILE_ROWS == 0:
-            weight = self._tiled_in_c(names, orders, infos[0].type_name, infos[0].shape[0])
+        kind = infos[0].type_name
+        if self.tiles and len(kinds) == 1 and kind in ("Q4_0", "Q4_1", "Q4_K") and rows % TILE_ROWS == 0:
+            weight = self._tiled_in_c(names, orders, kind, infos[0].shape[0])
             if weight is not None:
                 return weight
+        if self.tiles and len(kinds) == 1 and kind in ("Q4_0", "Q4_1") and rows % TILE_ROWS == 0:
             parts = []
             with warnings.catch_warnings():  # the map is read-only; only read here
                 warnings.simplefilter("ignore", UserWarning)

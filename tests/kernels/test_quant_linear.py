@@ -480,3 +480,17 @@ def test_c_tiling_of_q4_blocks_is_the_references(kernel: CpuQuantLinear, kind: s
         assert torch.equal(getattr(got, field), getattr(want, field)), field
     with pytest.raises(ValueError, match="whole tiles"):
         kernel.tile_q4_blocks(np.zeros(40, dtype=np.uint64), kind, k)
+
+
+@pytest.mark.parametrize("k", [256, 768])
+def test_c_tiling_of_q4_k_blocks_is_the_references(kernel: CpuQuantLinear, k: int) -> None:
+    """Q4_K from row addresses in one C pass: the reference's rows tiled, block scales
+    d * sc_j and -dmin * m_j rounded to fp16 alike."""
+    raw = _k_quant_blocks("Q4_K", 48, k, seed=50)
+    order = np.random.default_rng(51).permutation(48)
+    got = kernel.tile_q4_blocks(raw.ctypes.data + order.astype(np.uint64) * np.uint64(raw.shape[1]), "Q4_K", k)
+    want = Q.tile(Q.from_ggml_blocks(torch.from_numpy(raw)[torch.from_numpy(order)], "Q4_K", k))
+    for field in ("codes", "scales", "offsets"):
+        assert torch.equal(getattr(got, field), getattr(want, field)), field
+    with pytest.raises(ValueError, match="whole blocks"):
+        kernel.tile_q4_blocks(np.zeros(48, dtype=np.uint64), "Q4_K", 96)

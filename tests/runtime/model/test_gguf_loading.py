@@ -388,3 +388,35 @@ def test_the_default_models_blocks_load_tiled_as_before(default_gguf: GGUFFile) 
     for name in ("layers.3.self_attn.qkv_proj", "layers.7.mlp.gate_up_proj", "layers.0.mlp.down_proj"):
         a, b = direct.get_submodule(name).weight, via_rows.get_submodule(name).weight
         assert a.tiled and b.tiled and torch.equal(a.codes, b.codes) and torch.equal(a.scales, b.scales)
+
+
+def test_q4_k_parts_go_straight_to_the_tiled_layout(tmp_path: Path) -> None:
+    """A fused weight of Q4_K parts (the first un-permuted, as q is) from the map in one C
+    pass equals the parts converted to rows, stacked and then tiled."""
+    import gguf as gguf_py
+
+    import kernels
+    from kernels.reference.quant import tile
+    from runtime.model.gguf_weights import GGUFTensors, _unpermute_rows
+
+    engine_setup.enable_cpu_kernels()
+    if not kernels.reads_tiles():
+        pytest.skip("environment: the C kernels here do not read tiles (no AVX-512 VNNI)")
+    rng = np.random.default_rng(2)
+    w = gguf_py.GGUFWriter(str(tmp_path / "q4k.gguf"), "llama")
+    for name, rows in (("a", 64), ("b", 32)):
+        raw = rng.integers(0, 256, (rows, 2, 144), dtype=np.uint8)
+        raw[:, :, :4] = rng.uniform(1e-4, 2e-2, (rows, 2, 2)).astype(np.float16).view(np.uint8).reshape(rows, 2, 4)
+        w.add_tensor(name, raw.reshape(rows, -1), raw_dtype=gguf_py.GGMLQuantizationType.Q4_K)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    source = GGUFFile(tmp_path / "q4k.gguf")
+    order = _unpermute_rows(4, 64)
+    direct = GGUFTensors(source, tiles=True).stacked(["a", "b"], [order, None])
+    via_rows = tile(GGUFTensors(source).stacked(["a", "b"], [order, None]))
+    source.close()
+    assert direct.tiled and (direct.bits, direct.out_features, direct.in_features) == (4, 96, 512)
+    for field in ("codes", "scales", "offsets"):
+        assert torch.equal(getattr(direct, field), getattr(via_rows, field)), field
