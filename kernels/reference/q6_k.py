@@ -82,8 +82,19 @@ def dequantize(codes: torch.Tensor, d: torch.Tensor) -> torch.Tensor:  # [N, ns 
     return (scale.repeat_interleave(SUB, dim=1) * (q.float() - 32.0)).contiguous()
 
 
+# Rows tiled at a time: the temporaries (int32 bit fields) of a whole 49152-row head would
+# add ~1.5 GB to a load's peak memory.
+TILE_CHUNK_ROWS = 1024
+
+
 def tile(codes: torch.Tensor) -> torch.Tensor:
     """Row layout -> tiled layout (N a multiple of 16), the same shape."""
+    if codes.shape[0] > TILE_CHUNK_ROWS:
+        return torch.cat([_tile(part) for part in codes.split(TILE_CHUNK_ROWS)])
+    return _tile(codes)
+
+
+def _tile(codes: torch.Tensor) -> torch.Tensor:
     q, sc = unpack(codes)
     n, k = q.shape
     t, ns = n // TILE_ROWS, k // SUPER

@@ -494,3 +494,10 @@ def test_c_tiling_of_q4_k_blocks_is_the_references(kernel: CpuQuantLinear, k: in
         assert torch.equal(getattr(got, field), getattr(want, field)), field
     with pytest.raises(ValueError, match="whole blocks"):
         kernel.tile_q4_blocks(np.zeros(48, dtype=np.uint64), "Q4_K", 96)
+
+
+def test_q6_k_tiling_by_row_chunks_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    weight = Q.from_ggml_blocks(torch.from_numpy(_q6_k_blocks(64, 256, seed=52)), "Q6_K", 256)
+    whole = Q.tile(weight)
+    monkeypatch.setattr(q6_k, "TILE_CHUNK_ROWS", 16)
+    assert torch.equal(Q.tile(weight).codes, whole.codes)
