@@ -47,12 +47,14 @@
 #define MIN_MACS_PER_THREAD (1 << 18)
 #define Q6_SUPER 256                  /* elements of a Q6_K superblock */
 #define Q6_ROW_BYTES 208              /* its bytes in the row layout: ql 128, qh 64, sc 16 */
-#define Q6_TILE_BYTES (16 * Q6_ROW_BYTES) /* its bytes in a tile: 8 blocks x 6 chunks, then sc */
-#define Q6_TILE_SC (8 * 6 * 64)       /* where a tiled superblock's sub-block scales start */
+#define Q6_TILED_ROW_BYTES 272        /* a row's superblock in tiles: 256 codes a byte each, 16 sc */
+#define Q6_TILE_BYTES (16 * Q6_TILED_ROW_BYTES) /* a superblock in a tile: 8 blocks x 8 chunks, then sc */
+#define Q6_TILE_SC (8 * 8 * 64)       /* where a tiled superblock's sub-block scales start */
 
-/* Bytes of codes per weight row. */
-static inline int64_t qrow_bytes(int bits, int64_t kp) {
-    return bits == 4 ? kp / 2 : (bits == 6 ? kp / Q6_SUPER * Q6_ROW_BYTES : kp);
+/* Bytes of codes per weight row (a tile's bytes / 16 when tiled). */
+static inline int64_t qrow_bytes(int bits, int64_t kp, int tiled) {
+    if (bits == 6) return kp / Q6_SUPER * (tiled ? Q6_TILED_ROW_BYTES : Q6_ROW_BYTES);
+    return bits == 4 ? kp / 2 : kp;
 }
 
 int arbor_quant_tiles(void);
@@ -171,7 +173,7 @@ static inline void put(float *y, float v, const float *bias, int64_t n, int accu
 /* Rows [n0, n1) of a 6-bit weight in the row layout (see arbor_qmatmul_range). */
 static void qmatmul_rows6(const ArborQWeight *w, const ArborQAct *a, int64_t n0, int64_t n1, float *y,
                           int64_t ldy, int accumulate) {
-    const int64_t kp = w->kp, nb = kp / BLOCK, row_bytes = qrow_bytes(6, kp);
+    const int64_t kp = w->kp, nb = kp / BLOCK, row_bytes = qrow_bytes(6, kp, 0);
     for (int64_t m = 0; m < a->rows; m++)
         for (int64_t n = n0; n < n1; n++) {
             const float v = dot_row6(w->codes + n * row_bytes, w->d + n * w->num_groups, a->xq + m * kp,
@@ -364,46 +366,31 @@ static inline __attribute__((always_inline)) void dot_block(
  * rows over calls or threads computes the same bits (the fused step relies on it). */
 enum { TILE_GROUP = 4, TILE_JN = 2 };
 
-/* The top two bits of codes 4c..4c+3 (each byte's bits 2c, 2c + 1, see q6_k.py) moved to
- * bits 4, 5 of each byte: shifts of 16-bit lanes by at most 4 bring no bits from a byte's
- * neighbour into bits 4, 5. */
-static inline __m512i q6_top(__m512i h, const int c) {
-    const __m512i mask = _mm512_set1_epi8(0x30);
-    const __m512i at = c == 0 ? _mm512_slli_epi16(h, 4) : c == 1 ? _mm512_slli_epi16(h, 2)
-                     : c == 2 ? h : _mm512_srli_epi16(h, 2);
-    return _mm512_and_si512(at, mask);
-}
-
 /* The 6-bit (Q6_K) tile_block: per block, each half (sub-block) is 4 vpdpbusd into an integer
  * sum, turned into sc * (isum - 32 xsum16) in int32; the two halves' sum is converted and
- * scaled by d * dx once. A tile's superblock: 8 blocks of 6 chunks (nibbles of both halves,
- * then the top bits of the low half, of the high half), then sc [16 sub-blocks][16 rows]. */
+ * scaled by d * dx once. A tile's superblock: 8 blocks of 8 chunks (the codes a byte each, as
+ * the 8-bit tiled layout), then sc [16 sub-blocks][16 rows]. */
 static inline __attribute__((always_inline)) void tile_block6(
     const uint8_t *codes, int64_t tile_bytes, const uint16_t *d, int64_t tile_scales, int64_t nb,
     const int8_t *xq, int64_t kp, const float *dx, const int32_t *xsum16, const int NT, const int JN,
     __m512 acc[TILE_GROUP][TILE_JN]) {
     for (int i = 0; i < NT; i++)
         for (int j = 0; j < JN; j++) acc[i][j] = _mm512_setzero_ps();
-    const __m512i low = _mm512_set1_epi8(0x0f);
     for (int64_t b = 0; b < nb; b++) {
-        const int64_t at = (b / 8) * Q6_TILE_BYTES + (b % 8) * 6 * 64;
+        const int64_t at = (b / 8) * Q6_TILE_BYTES + (b % 8) * 8 * 64;
         const uint8_t *sc = codes + (b / 8) * Q6_TILE_BYTES + Q6_TILE_SC + (b % 8) * 2 * 16;
         const int8_t *xb = xq + b * BLOCK;
         __m512i total[TILE_GROUP][TILE_JN];
         for (int i = 0; i < NT; i++)
             for (int j = 0; j < JN; j++) total[i][j] = _mm512_setzero_si512();
         for (int half = 0; half < 2; half++) {
-            __m512i isum[TILE_GROUP][TILE_JN], top[TILE_GROUP];
-            for (int i = 0; i < NT; i++) {
-                top[i] = _mm512_loadu_si512((const void *)(codes + i * tile_bytes + at + (4 + half) * 64));
+            __m512i isum[TILE_GROUP][TILE_JN];
+            for (int i = 0; i < NT; i++)
                 for (int j = 0; j < JN; j++) isum[i][j] = _mm512_setzero_si512();
-            }
             for (int c = 0; c < 4; c++) {
                 __m512i q[TILE_GROUP];
-                for (int i = 0; i < NT; i++) {
-                    const __m512i v = _mm512_loadu_si512((const void *)(codes + i * tile_bytes + at + c * 64));
-                    q[i] = _mm512_or_si512(_mm512_and_si512(half ? _mm512_srli_epi16(v, 4) : v, low), q6_top(top[i], c));
-                }
+                for (int i = 0; i < NT; i++)
+                    q[i] = _mm512_loadu_si512((const void *)(codes + i * tile_bytes + at + (4 * half + c) * 64));
                 for (int j = 0; j < JN; j++) {
                     int32_t x4;
                     memcpy(&x4, xb + j * kp + 16 * half + 4 * c, 4);
@@ -499,7 +486,7 @@ static inline __attribute__((always_inline)) void tile_block(
 static void qmatmul_tiles(const ArborQWeight *w, const ArborQAct *a, int64_t n0, int64_t n1, float *y,
                           int64_t ldy, int accumulate) {
     const int64_t kp = w->kp, nb = kp / BLOCK, rows = a->rows;
-    const int64_t tile_bytes = 16 * qrow_bytes(w->bits, kp), tile_scales = 16 * w->num_groups;
+    const int64_t tile_bytes = 16 * qrow_bytes(w->bits, kp, 1), tile_scales = 16 * w->num_groups;
     const int row_scale = w->num_groups == 1 && w->bits != 6;
     const int64_t t_end = (n1 + 15) / 16;
     for (int64_t t0 = n0 / 16; t0 < t_end; t0 += TILE_GROUP) {
@@ -747,7 +734,7 @@ static inline void put(float *y, float v, const float *bias, int64_t n, int accu
 
 void arbor_qmatmul_range(const ArborQWeight *w, const ArborQAct *a, int64_t n0, int64_t n1, float *y,
                          int64_t ldy, int accumulate) {
-    const int64_t kp = w->kp, nb = kp / BLOCK, rows = a->rows, row_bytes = qrow_bytes(w->bits, kp);
+    const int64_t kp = w->kp, nb = kp / BLOCK, rows = a->rows, row_bytes = qrow_bytes(w->bits, kp, 0);
     if (w->bits == 6 && !w->tiled) {
         qmatmul_rows6(w, a, n0, n1, y, ldy, accumulate);
         return;
@@ -967,7 +954,7 @@ static void untile_row(const uint8_t *codes, const uint16_t *d, const uint16_t *
 /* Superblock s of row n of a 6-bit weight: its 256 codes, 16 sub-block scales and d. */
 static void q6_superblock(const uint8_t *codes, const uint16_t *d, int64_t n, int64_t s, int64_t kp,
                           int64_t num_groups, int tiled, uint8_t q[Q6_SUPER], int8_t sc[16], uint16_t *dn) {
-    const int64_t row_bytes = qrow_bytes(6, kp);
+    const int64_t row_bytes = qrow_bytes(6, kp, tiled);
     if (!tiled) {
         const uint8_t *sb = codes + n * row_bytes + s * Q6_ROW_BYTES;
         for (int e = 0; e < Q6_SUPER; e++) q[e] = (uint8_t)q6_code(sb, e);
@@ -977,16 +964,7 @@ static void q6_superblock(const uint8_t *codes, const uint16_t *d, int64_t n, in
     }
     const int64_t t = n / 16, r = n % 16;
     const uint8_t *sb = codes + t * 16 * row_bytes + s * Q6_TILE_BYTES;
-    for (int b = 0; b < 8; b++) {
-        const uint8_t *blk = sb + b * 6 * 64 + 4 * r;
-        for (int c = 0; c < 4; c++) {
-            for (int k = 0; k < 4; k++) {
-                const uint8_t nib = blk[c * 64 + k], lo_top = blk[4 * 64 + k], hi_top = blk[5 * 64 + k];
-                q[32 * b + 4 * c + k] = (uint8_t)((nib & 0x0f) | (((lo_top >> (2 * c)) & 3) << 4));
-                q[32 * b + 16 + 4 * c + k] = (uint8_t)((nib >> 4) | (((hi_top >> (2 * c)) & 3) << 4));
-            }
-        }
-    }
+    for (int c = 0; c < Q6_SUPER / 4; c++) memcpy(q + 4 * c, sb + c * 64 + 4 * r, 4);
     for (int j = 0; j < 16; j++) sc[j] = (int8_t)sb[Q6_TILE_SC + j * 16 + r];
     *dn = d[t * 16 * num_groups + s * 16 + r];
 }

@@ -3,8 +3,8 @@
 
 A Q6_K superblock holds 256 weights: 6-bit codes q (0..63), an int8 scale sc_j per
 sub-block of 16 and one fp16 d, ``w = (d * sc_j) * (q - 32)`` (gguf's dequantizer, in that
-order). We keep d in ``scales`` (``offsets`` = -32 d) and everything else in ``codes``,
-6.5 bits a weight, as in the file.
+order). We keep d in ``scales`` (``offsets`` = -32 d) and everything else in ``codes``:
+6.5 bits a weight in the row layout, as in the file; 8.5 in tiles.
 
 Row layout (what the file holds, less d): per superblock, 208 bytes::
 
@@ -13,16 +13,13 @@ Row layout (what the file holds, less d): per superblock, 208 bytes::
     [128, 192) qh: its top two bits in byte 128 + 32h + i, bits 2r, 2r + 1
     [192, 208) sc: int8, sub-block j = element // 16
 
-Tiled layout (16 rows, what the AVX-512 VNNI kernel reads): per tile and superblock,
-3,328 bytes: for each block b of 32 (8 of them), 6 chunks of [16 rows][4 bytes]::
+Tiled layout (16 rows, what the AVX-512 VNNI kernel reads): the codes widened to a byte
+each, as the 8-bit tiled layout holds them (unpacking 6-bit codes cost the kernel more
+than the bytes they save: docs/gguf.md), so 8.5 bits a weight; per tile and superblock,
+4,352 bytes::
 
-    chunk c < 4:  byte q: low 4 bits of element 32b + 4c + q (low nibble) and of element
-                  32b + 16 + 4c + q (high nibble), as the 4-bit tiled layout
-    chunk 4:      byte q: the top two bits of element 32b + 4c + q at bits 2c, 2c + 1 (c < 4)
-    chunk 5:      the same for element 32b + 16 + 4c + q
-
-then the 16 sub-block scales as [16 sub-blocks][16 rows] int8 (256 bytes): a block's two
-sub-blocks are its low (chunks' low nibbles) and high halves.
+    [8 blocks][8 chunks][16 rows][4 bytes]   chunk c of block b: elements 32b + 4c .. + 3
+    [16 sub-blocks][16 rows] int8 scales     a block's two sub-blocks: chunks 0-3, 4-7
 """
 
 from __future__ import annotations
@@ -33,8 +30,8 @@ SUPER = 256  # elements of a superblock
 SUB = 16  # elements per sub-block scale
 FILE_BYTES = 210  # a superblock in the file: ql, qh, sc, d
 ROW_BYTES = 208  # a superblock in the row layout (the file's, less d)
+TILED_ROW_BYTES = 272  # a superblock of one row in the tiled layout: 256 codes, 16 scales
 TILE_ROWS = 16
-BLOCK_CHUNKS = 6  # 64-byte chunks per block of 32 in a tile
 
 
 def from_blocks(raw: torch.Tensor, in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,31 +95,21 @@ def _tile(codes: torch.Tensor) -> torch.Tensor:
     q, sc = unpack(codes)
     n, k = q.shape
     t, ns = n // TILE_ROWS, k // SUPER
-    qv = q.view(t, TILE_ROWS, ns, 8, 2, 4, 4)  # [t, r, s, b, half, c, byte]
-    nib, top = qv & 0x0F, (qv >> 4).to(torch.int32)
-    nibbles = (nib[:, :, :, :, 0] | (nib[:, :, :, :, 1] << 4))  # [t, r, s, b, c, byte]
-    shifts = torch.arange(0, 8, 2, device=q.device).view(4, 1)
-    high = (top << shifts).sum(dim=5).to(torch.uint8)  # [t, r, s, b, half, byte]
-    chunks = torch.cat([nibbles, high], dim=4).permute(0, 2, 3, 4, 1, 5)  # [t, s, b, chunk, r, byte]
+    chunks = q.view(t, TILE_ROWS, ns, SUPER // 4, 4).permute(0, 2, 3, 1, 4)  # [t, s, chunk, r, byte]
     scales = sc.contiguous().view(torch.uint8).view(t, TILE_ROWS, ns, 16).permute(0, 2, 3, 1)  # [t, s, j, r]
     tiled = torch.cat([chunks.reshape(t, ns, -1), scales.reshape(t, ns, -1)], dim=2)
-    return tiled.reshape(n, ns * ROW_BYTES).contiguous()
+    return tiled.reshape(n, ns * TILED_ROW_BYTES).contiguous()
 
 
 def tiled_rows(tiled: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Rows ``index`` of a tiled layout, in the row layout."""
     n, row_bytes = tiled.shape
-    ns = row_bytes // ROW_BYTES
+    ns = row_bytes // TILED_ROW_BYTES
     t, r = index // TILE_ROWS, index % TILE_ROWS
-    tiles = tiled.view(n // TILE_ROWS, ns, TILE_ROWS * ROW_BYTES)
-    chunks = tiles[:, :, : 8 * BLOCK_CHUNKS * 64].reshape(-1, ns, 8, BLOCK_CHUNKS, TILE_ROWS, 4)
-    # NOTE: advanced indices split by slices put the indexed dim first: [L, s, b, chunk, byte]
-    mine = chunks[t, :, :, :, r, :]
-    nib = mine[:, :, :, :4]  # [L, s, b, c, byte]
-    shifts = torch.arange(0, 8, 2, dtype=torch.uint8, device=tiled.device).view(4, 1)
-    top = (mine[:, :, :, 4:, None, :] >> shifts) & 3  # [L, s, b, half, c, byte]
-    q = torch.stack([nib & 0x0F, nib >> 4], dim=3) | (top << 4)  # [L, s, b, half, c, byte]
-    sc = tiles[:, :, 8 * BLOCK_CHUNKS * 64:].reshape(-1, ns, 16, TILE_ROWS)[t, :, :, r]  # [L, s, j]
+    tiles = tiled.view(n // TILE_ROWS, ns, TILE_ROWS * TILED_ROW_BYTES)
+    # NOTE: advanced indices split by slices put the indexed dim first: [L, s, chunk, byte]
+    q = tiles[:, :, : SUPER * TILE_ROWS].reshape(-1, ns, SUPER // 4, TILE_ROWS, 4)[t, :, :, r, :]
+    sc = tiles[:, :, SUPER * TILE_ROWS:].reshape(-1, ns, 16, TILE_ROWS)[t, :, :, r]  # [L, s, j]
     return pack(q.reshape(len(index), ns * SUPER), sc.contiguous().view(torch.int8).reshape(len(index), -1))
 
 

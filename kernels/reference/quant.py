@@ -24,6 +24,7 @@ multiple of 64 (the padded columns' scales are 0 or meet zero activations)::
 
     8 bits: one byte per element                                   [N, Kp]
     6 bits: per 256 elements, the file's 208 bytes (q6_k.py)       [N, Kp / 256 * 208]
+            (tiled: [N, Kp / 256 * 272], the codes a byte each)
     4 bits: per 64-element superblock, byte i = element i (low nibble) | element 32+i (high)
                                                                    [N, Kp / 2]
 
@@ -106,7 +107,7 @@ class QuantizedWeight:
     @property
     def row_bytes(self) -> int:  # bytes of codes per row
         if self.bits == 6:
-            return self.padded_features // q6_k.SUPER * q6_k.ROW_BYTES
+            return self.padded_features // q6_k.SUPER * (q6_k.TILED_ROW_BYTES if self.tiled else q6_k.ROW_BYTES)
         return self.padded_features * self.bits // 8
 
     @property

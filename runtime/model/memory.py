@@ -23,7 +23,7 @@ from runtime.model.gguf_weights import q6_k_native
 from runtime.model.kv_cache import KVCache
 
 GROUP_BYTES_PER_ELEMENT = 4 / 32  # an fp16 scale and offset per group of 32 elements
-Q6_K_BYTES_PER_ELEMENT = (208 + 4) / 256  # Q6_K held as stored: codes and sub-block scales, d and -32 d
+Q6_K_BYTES_PER_ELEMENT = (272 + 4) / 256  # Q6_K's tiles: a byte a code, sub-block scales, d and -32 d
 _FOUR_BIT_KINDS = ("Q4_0", "Q4_1", "Q4_K")  # held as 4-bit codes; Q6_K as stored; others as 8-bit
 # fused weights: their parts are held in one format (4-bit parts widened beside 8-bit ones)
 _FUSED = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))
@@ -99,7 +99,7 @@ def _gguf_nbytes(shapes: dict[str, tuple[int, ...]], gguf: GGUFFile) -> int:
 
 def _bytes_per_element(kinds: set[str], q6_k_as_stored: bool) -> float:
     """Bytes an element of a weight stored in ``kinds`` (its fused parts' types) takes: Q6_K
-    as in the file (its d and -32 d per 256) where ``gguf_weights.q6_k_native``; 4-bit kinds
+    in its tiles (its d and -32 d per 256) where ``gguf_weights.q6_k_native``; 4-bit kinds
     as 4-bit codes; everything else, and a mix with Q6_K, as 8-bit codes; scales and offsets
     fp16 per group of 32."""
     if kinds == {"Q6_K"} and q6_k_as_stored:

@@ -400,8 +400,8 @@ def _q6_k_blocks(n: int, k: int, seed: int) -> np.ndarray:
 
 @pytest.mark.parametrize("k", [256, 768])
 def test_q6_k_blocks_load_as_stored_bit_for_bit(k: int) -> None:
-    """Q6_K keeps its own bytes (6.5 bits a weight plus d and -32 d per 256) and dequantizes
-    to exactly what gguf's dequantizer gives, in rows and in tiles."""
+    """Q6_K keeps its own bytes (6.5 bits a weight plus d and -32 d per 256; 8.5 in tiles) and
+    dequantizes to exactly what gguf's dequantizer gives, in rows and in tiles."""
     raw = _q6_k_blocks(32, k, seed=40)
     want = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q6_K).astype(np.float32))
     ours = Q.from_ggml_blocks(torch.from_numpy(raw), "Q6_K", k)
@@ -409,6 +409,7 @@ def test_q6_k_blocks_load_as_stored_bit_for_bit(k: int) -> None:
     assert ours.nbytes == 32 * k // 256 * 212
     assert torch.equal(Q.dequantize(ours), want)
     tiled = Q.tile(ours)
+    assert tiled.nbytes == 32 * k // 256 * 276  # in tiles, a byte a code
     assert torch.equal(Q.dequantize(tiled), want) and torch.equal(Q.untile(tiled).codes, ours.codes)
     index = torch.tensor([31, 0, 17, 16, 5])
     assert torch.equal(Q.dequantize(tiled.rows(index)), want[index])
