@@ -1,12 +1,16 @@
-"""Load time and peak RSS of random-weight GGUF models of real shapes.
+"""Load time, peak RSS and decode speed of random-weight GGUF models of real shapes.
 
-    python benchmarks/bench_scale.py --shape 1b --runs 2
+    python benchmarks/bench_scale.py --shape 1b --type Q4_K_M --runs 2 --decode
 
-Writes a Llama of the chosen shape in Q4_0 blocks straight with the ``gguf`` writer (random
-nibbles, fp16 block scales of a sane size, F32 norms; the default model's tokenizer, whose
-49,152-token vocabulary the 1B shape shares) — no f16 intermediate — then starts an Engine
-on it in a fresh process per run and reports the load wall time and the process's peak
-RSS. The text such a model writes is noise; only speed and memory are real.
+Writes a Llama of the chosen shape straight with the ``gguf`` writer in random blocks of the
+chosen type (random codes, fp16 scales of a sane size, F32 norms; the default model's
+tokenizer, whose 49,152-token vocabulary the 1B shape shares) — no f16 intermediate. "Q4_K_M"
+mixes types as llama-quantize does for it: Q6_K for the output head and for attn_v and
+ffn_down in a third of the layers (more at both ends), Q4_K elsewhere. Then it starts an
+Engine on it in a fresh process per run and reports the load wall time and the process's
+peak RSS, and with ``--decode`` greedy decode tok/s at 1 and 8 streams (64 tokens each,
+distinct prompts) and the time of one 512-token prefill. The text such a model writes is
+noise; only speed and memory are real.
 """
 
 from __future__ import annotations
@@ -39,7 +43,57 @@ def q4_0_blocks(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
     return blocks.reshape(rows, nb * 18)
 
 
-def write_model(path: Path, shape: str) -> Path:
+def q8_0_blocks(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """Random Q8_0 blocks ``[rows, cols / 32 * 34]``: fp16 d ~ 0.001, random int8."""
+    nb = cols // 32
+    blocks = np.empty((rows, nb, 34), dtype=np.uint8)
+    d = (0.0005 + 0.001 * rng.random((rows, nb), dtype=np.float32)).astype(np.float16)
+    blocks[:, :, :2] = d.view(np.uint8).reshape(rows, nb, 2)
+    blocks[:, :, 2:] = rng.integers(0, 256, size=(rows, nb, 32), dtype=np.uint8)
+    return blocks.reshape(rows, nb * 34)
+
+
+def q4_k_blocks(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """Random Q4_K superblocks ``[rows, cols / 256 * 144]``: d, dmin ~ 0.0002, random 6-bit
+    scales and mins, random nibbles."""
+    ns = cols // 256
+    blocks = rng.integers(0, 256, size=(rows, ns, 144), dtype=np.uint8)
+    for at in (0, 2):
+        d = (0.0001 + 0.0002 * rng.random((rows, ns), dtype=np.float32)).astype(np.float16)
+        blocks[:, :, at:at + 2] = d.view(np.uint8).reshape(rows, ns, 2)
+    return blocks.reshape(rows, ns * 144)
+
+
+def q6_k_blocks(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """Random Q6_K superblocks ``[rows, cols / 256 * 210]``: random codes, int8 sub-block
+    scales in -64..63, d ~ 0.0001."""
+    ns = cols // 256
+    blocks = rng.integers(0, 256, size=(rows, ns, 210), dtype=np.uint8)
+    blocks[:, :, 192:208] = rng.integers(-64, 64, size=(rows, ns, 16), dtype=np.int8).view(np.uint8)
+    d = (0.00005 + 0.0001 * rng.random((rows, ns), dtype=np.float32)).astype(np.float16)
+    blocks[:, :, 208:] = d.view(np.uint8).reshape(rows, ns, 2)
+    return blocks.reshape(rows, ns * 210)
+
+
+BLOCK_WRITERS = {"Q4_0": q4_0_blocks, "Q8_0": q8_0_blocks, "Q4_K": q4_k_blocks, "Q6_K": q6_k_blocks}
+TYPES = ("Q4_0", "Q4_K_M", "Q8_0")
+
+
+def tensor_type(name: str, file_type: str, layers: int) -> str:
+    """The block type of a linear in a file of ``file_type`` (llama-quantize's Q4_K_M rule:
+    Q6_K for the head, and for attn_v / ffn_down where it "uses more bits")."""
+    if file_type != "Q4_K_M":
+        return file_type
+    if name == "output.weight":
+        return "Q6_K"
+    if name.endswith(("attn_v.weight", "ffn_down.weight")):
+        i = int(name.split(".")[1])
+        more_bits = i < layers // 8 or i >= 7 * layers // 8 or (i - layers // 8) % 3 == 2
+        return "Q6_K" if more_bits else "Q4_K"
+    return "Q4_K"
+
+
+def write_model(path: Path, shape: str, file_type: str = "Q4_0") -> Path:
     import gguf
 
     from runtime.model.default_model import default_gguf_file
@@ -67,7 +121,6 @@ def write_model(path: Path, shape: str) -> Path:
     w.add_eos_token_id(2)
     w.add_chat_template(meta["tokenizer.chat_template"])
     source.close()
-    q4 = gguf.GGMLQuantizationType.Q4_0
     head_dim = hidden // heads
     linears = {"token_embd.weight": (vocab, hidden), "output.weight": (vocab, hidden)}
     norms = ["output_norm.weight"]
@@ -81,7 +134,8 @@ def write_model(path: Path, shape: str) -> Path:
     for name in norms:
         w.add_tensor(name, np.ones(hidden, dtype=np.float32))
     for name, (rows, cols) in linears.items():
-        w.add_tensor(name, q4_0_blocks(rows, cols, rng), raw_dtype=q4)
+        kind = tensor_type(name, file_type, layers)
+        w.add_tensor(name, BLOCK_WRITERS[kind](rows, cols, rng), raw_dtype=gguf.GGMLQuantizationType[kind])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -96,16 +150,27 @@ from runtime import Engine, SamplingParams
 t1 = time.perf_counter()
 engine = Engine(model=sys.argv[1], max_running_requests=8, max_model_len=2048)
 t2 = time.perf_counter()
+out = {"import_s": t1 - t0, "load_s": t2 - t1}
 engine.generate(["Hello"], SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True))
-print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1,
-                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+if sys.argv[2] == "decode":
+    for streams in (1, 8):
+        prompts = [[1, *range(100 + 50 * i, 116 + 50 * i)] for i in range(streams)]
+        params = SamplingParams(max_new_tokens=64, temperature=0.0, ignore_eos=True)
+        t = time.perf_counter()
+        done = engine.generate(input_ids=prompts, sampling_params=params)
+        out[f"decode_{streams}_tok_s"] = sum(len(d.token_ids) for d in done) / (time.perf_counter() - t)
+    t = time.perf_counter()
+    engine.generate(input_ids=[[1, *range(2000, 2511)]], sampling_params=SamplingParams(max_new_tokens=1))
+    out["prefill_512_s"] = time.perf_counter() - t
+out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps(out))
 engine.close()
 """
 
 
-def measure(path: Path) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(path)], capture_output=True, text=True, cwd=REPO,
-                         check=True)
+def measure(path: Path, decode: bool = False) -> dict[str, float]:
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(path), "decode" if decode else "load"],
+                         capture_output=True, text=True, cwd=REPO, check=True)
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 
@@ -113,20 +178,24 @@ def measure(path: Path) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="1b")
+    parser.add_argument("--type", choices=TYPES, default="Q4_0", help="the file's block types")
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--decode", action="store_true", help="also time decode and a prefill")
     parser.add_argument("--dir", type=Path, default=Path("/tmp/arbor-bench-scale"))
     args = parser.parse_args()
     print("command:", " ".join(sys.argv))
-    path = args.dir / f"random-{args.shape}-Q4_0.gguf"
+    path = args.dir / f"random-{args.shape}-{args.type}.gguf"
     if not path.exists():
         args.dir.mkdir(parents=True, exist_ok=True)
         t = time.perf_counter()
-        write_model(path.with_suffix(".part"), args.shape).rename(path)
+        write_model(path.with_suffix(".part"), args.shape, args.type).rename(path)
         print(f"wrote {path} ({path.stat().st_size / 2**30:.2f} GiB) in {time.perf_counter() - t:.1f} s")
     for run in range(args.runs):
-        r = measure(path)
+        r = measure(path, args.decode)
+        speed = (f", decode {r['decode_1_tok_s']:.1f} / {r['decode_8_tok_s']:.1f} tok/s at 1 / 8 streams, "
+                 f"prefill 512 in {r['prefill_512_s']:.2f} s") if args.decode else ""
         print(f"run {run}: load {r['load_s']:.1f} s (+{r['import_s']:.1f} s imports), "
-              f"peak RSS {r['peak_rss_mib']:.0f} MiB, file {path.stat().st_size / 2**20:.0f} MiB")
+              f"peak RSS {r['peak_rss_mib']:.0f} MiB, file {path.stat().st_size / 2**20:.0f} MiB{speed}")
 
 
 if __name__ == "__main__":

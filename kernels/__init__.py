@@ -45,6 +45,7 @@ from kernels.dispatch import (
     set_kernel_backend,
     silu_and_mul,
     store_kv,
+    tile_q4_blocks,
 )
 from kernels.reference.kv_quant import KV_QUANT_QMAX, dequantize_kv, is_quantized_kv, quantize_kv
 from kernels.reference.moe import ExpertGroups, ExpertWeights
@@ -75,6 +76,7 @@ __all__ = [
     "plan_extend",
     "prepare_quantized",
     "reads_tiles",
+    "tile_q4_blocks",
     "quantize_kv",
     "QuantizedWeight",
     "quant_kernel_max_rows",

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -286,6 +287,16 @@ def reads_tiles() -> bool:
     tiled layout directly, see ``prepare_quantized``)."""
     native = _cpu_in_use()
     return native is not None and native.quant_linear.tiles
+
+
+def tile_q4_blocks(rows: np.ndarray, kind: str, in_features: int) -> QuantizedWeight | None:
+    """Q4_0 / Q4_1 / Q4_K blocks straight to the tiled layout in one C pass, where the C kernel in
+    use reads tiles (``CpuQuantLinear.tile_q4_blocks``; ``rows``: each output row's address);
+    None otherwise (the caller has ``reference.quant.tiled_from_q4_blocks``)."""
+    native = _cpu_in_use()
+    if native is None or not native.quant_linear.tiles:
+        return None
+    return native.quant_linear.tile_q4_blocks(rows, kind, in_features)
 
 
 def prepare_quantized(weight: QuantizedWeight) -> QuantizedWeight:

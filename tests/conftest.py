@@ -60,11 +60,11 @@ def _save_tiny_model(config: Any, model_cls: Any, out: Path) -> Path:
     return out
 
 
-def _tiny_llama(out: Path, intermediate_size: int) -> Path:
+def _tiny_llama(out: Path, intermediate_size: int, hidden_size: int = 64) -> Path:
     """A 2-layer Llama (hidden 64, GQA 4/2 heads) with random weights, saved to ``out``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=intermediate_size,
+    config = LlamaConfig(vocab_size=49152, hidden_size=hidden_size, intermediate_size=intermediate_size,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=1024, tie_word_embeddings=False,
                          bos_token_id=1, eos_token_id=2)
@@ -75,6 +75,13 @@ def _tiny_llama(out: Path, intermediate_size: int) -> Path:
 def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An HF-style directory: 2-layer Llama (hidden 64, GQA 4/2 heads), random weights."""
     return _tiny_llama(tmp_path_factory.mktemp("tiny_llama"), intermediate_size=128)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_256_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``tiny_llama_dir`` with hidden 256 and FFN 512: every linear's width a whole number
+    of 256-element superblocks (Q6_K's)."""
+    return _tiny_llama(tmp_path_factory.mktemp("tiny_llama_256"), intermediate_size=512, hidden_size=256)
 
 
 @pytest.fixture(scope="session")

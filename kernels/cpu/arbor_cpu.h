@@ -23,12 +23,12 @@
 /* One weight, as QuantizedWeight holds it: w[n, k] = d[n, g] * code[n, k] + m[n, g], in
  * rows or in tiles of 16 rows (quant_linear.c, "Tiles of 16 rows"). */
 typedef struct {
-    const uint8_t *codes;  /* [n_out, kp / 2] (4 bits) or [n_out, kp] (8 bits) */
+    const uint8_t *codes;  /* [n_out, kp / 2] (4 bits), [n_out, kp] (8 bits), [n_out, kp / 256 * 208] (6 bits: Q6_K) */
     const uint16_t *d;     /* [n_out, num_groups] fp16 bits */
     const uint16_t *m;     /* [n_out, num_groups] fp16 bits */
     const float *bias;     /* [n_out] or NULL */
     int64_t n_out, k_len, kp, num_groups;
-    int32_t group_shift, bits; /* g = (k / 32) >> group_shift; bits 4 or 8 */
+    int32_t group_shift, bits; /* g = (k / 32) >> group_shift; bits 4, 6 or 8 */
     int32_t tiled;             /* codes, d and m in tiles of 16 rows (AVX-512 VNNI builds only) */
 } ArborQWeight;
 
@@ -38,6 +38,7 @@ typedef struct {
     float *dx;      /* [rows, nb] block scales */
     float *xs;      /* [rows, nb] dx * sum of the block's codes */
     int32_t *xsum;  /* [rows, nb] sum of the block's codes */
+    int32_t *xsum16; /* [rows, 2 nb] sum of each half block's codes (Q6_K's sub-blocks of 16) */
     float *dxe;     /* [rows, nb / 2, 16]: per superblock, dx of its 2 blocks, 8 lanes each */
     int64_t rows, kp;
 } ArborQAct;

@@ -9,6 +9,8 @@
  *   codes, 4 bits: [N, Kp / 2] bytes; within each 64-element superblock, byte i holds
  *                  element i in its low nibble and element 32 + i in its high nibble
  *   codes, 8 bits: [N, Kp] bytes (unsigned; Q8_0's signed q is stored as q + 128, m = -128 d)
+ *   codes, 6 bits: Q6_K as the file holds it, w = (d[n, g] * sc_j) * (code - 32) with an int8
+ *                  sc_j per 16 elements inside the codes (kernels/reference/q6_k.py; "6 bits" below)
  *   Kp = K rounded up to a multiple of 64; padded columns have code 0 and meet x = 0.
  *   tiled (AVX-512 VNNI only; N a multiple of 16): rows in tiles of 16, and within a tile
  *                  one 64-byte chunk = 4 consecutive inputs of each of the 16 rows (8 bits;
@@ -43,6 +45,17 @@
 
 #define BLOCK 32
 #define MIN_MACS_PER_THREAD (1 << 18)
+#define Q6_SUPER 256                  /* elements of a Q6_K superblock */
+#define Q6_ROW_BYTES 208              /* its bytes in the row layout: ql 128, qh 64, sc 16 */
+#define Q6_TILED_ROW_BYTES 272        /* a row's superblock in tiles: 256 codes a byte each, 16 sc */
+#define Q6_TILE_BYTES (16 * Q6_TILED_ROW_BYTES) /* a superblock in a tile: 8 blocks x 8 chunks, then sc */
+#define Q6_TILE_SC (8 * 8 * 64)       /* where a tiled superblock's sub-block scales start */
+
+/* Bytes of codes per weight row (a tile's bytes / 16 when tiled). */
+static inline int64_t qrow_bytes(int bits, int64_t kp, int tiled) {
+    if (bits == 6) return kp / Q6_SUPER * (tiled ? Q6_TILED_ROW_BYTES : Q6_ROW_BYTES);
+    return bits == 4 ? kp / 2 : kp;
+}
 
 int arbor_quant_tiles(void);
 
@@ -78,9 +91,28 @@ static inline float half_to_float(uint16_t h) {
 #endif
 }
 
+/* float -> IEEE half, rounded to nearest even (F16C where there is one; torch's .half()). */
+static inline uint16_t float_to_half(float f) {
+#if defined(__F16C__) && !defined(ARBOR_QUANT_SCALAR)
+    return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    const uint32_t sign = (x >> 16) & 0x8000, abs = x & 0x7fffffff;
+    if (abs >= 0x7f800000) return (uint16_t)(sign | 0x7c00 | (abs > 0x7f800000 ? 0x200 : 0)); /* inf, nan */
+    if (abs >= 0x477ff000) return (uint16_t)(sign | 0x7c00); /* rounds past 65504: inf */
+    if (abs < 0x38800000) { /* a half subnormal (or zero): round abs / 2^-24 to an integer */
+        const float scaled = (float)(abs == 0 ? 0.0 : (double)f * (f < 0 ? -16777216.0 : 16777216.0));
+        return (uint16_t)(sign | (uint32_t)lrintf(scaled));
+    }
+    const uint32_t m = abs + 0xfff + ((abs >> 13) & 1); /* round the 13 dropped bits to even */
+    return (uint16_t)(sign | ((m - 0x38000000) >> 13));
+#endif
+}
+
 /* One row of x (K floats) -> xq [Kp] int8, dx, xsum and xs = dx * xsum [nb] (nb = Kp / 32). */
 static void quantize_row(const float *x, int64_t k_len, int64_t nb, int8_t *xq, float *dx,
-                         int32_t *xsum, float *xs) {
+                         int32_t *xsum, int32_t *xsum16, float *xs) {
     for (int64_t b = 0; b < nb; b++) {
         const int64_t start = b * BLOCK;
         const int64_t n = k_len - start < BLOCK ? (k_len - start > 0 ? k_len - start : 0) : BLOCK;
@@ -90,16 +122,64 @@ static void quantize_row(const float *x, int64_t k_len, int64_t nb, int8_t *xq, 
             amax = a > amax ? a : amax;
         }
         const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int32_t sum = 0;
+        int32_t half[2] = {0, 0};
         for (int64_t i = 0; i < BLOCK; i++) {
             const int8_t q = i < n ? (int8_t)lrintf(x[start + i] * inv) : 0;
             xq[start + i] = q;
-            sum += q;
+            half[i >= BLOCK / 2] += q;
         }
+        const int32_t sum = half[0] + half[1];
         dx[b] = d;
         xsum[b] = sum;
+        xsum16[2 * b] = half[0], xsum16[2 * b + 1] = half[1];
         xs[b] = d * (float)sum;
     }
+}
+
+/* ---- 6 bits: Q6_K (kernels/reference/q6_k.py) -------------------------------------------
+ * A superblock of 256 codes (0..63) with an int8 scale per 16 and the row's fp16 d per
+ * superblock: per block b of 32 (halves lo, hi: sub-blocks 2b, 2b + 1),
+ *   sum_k w x ~= dx_b d (sc_lo (isum_lo - 32 xsum16_lo) + sc_hi (isum_hi - 32 xsum16_hi)),
+ * isum over code * xq, all in int32 (|total| < 2^26). The row layout is read element by
+ * element (portable; weights whose rows do not fill whole tiles); the fast path is the
+ * tiled one (tile_block, BITS == 6). */
+
+/* Code e (< 256) of a superblock in the row layout (ql: 128 bytes, qh: 64, sc: 16). */
+static inline int q6_code(const uint8_t *sb, int e) {
+    const int h = e >> 7, r = (e >> 5) & 3, i = e & 31;
+    const uint8_t ql = sb[64 * h + 32 * (r & 1) + i], qh = sb[128 + 32 * h + i];
+    return ((r < 2 ? ql : ql >> 4) & 0x0f) | (((qh >> (2 * r)) & 3) << 4);
+}
+
+/* One 6-bit weight row (codes w, d: its num_groups fp16) against one activation row. */
+static float dot_row6(const uint8_t *w, const uint16_t *d, const int8_t *xq, const float *dx,
+                      const int32_t *xsum16, int64_t nb) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *sb = w + (b / 8) * Q6_ROW_BYTES;
+        const int8_t *sc = (const int8_t *)(sb + 192);
+        const int e0 = (int)(b % 8) * BLOCK;
+        int32_t isum[2] = {0, 0};
+        for (int i = 0; i < BLOCK; i++) isum[i >> 4] += q6_code(sb, e0 + i) * xq[b * BLOCK + i];
+        const int32_t total = sc[e0 / 16] * (isum[0] - 32 * xsum16[2 * b]) +
+                              sc[e0 / 16 + 1] * (isum[1] - 32 * xsum16[2 * b + 1]);
+        acc += (half_to_float(d[b / 8]) * dx[b]) * (float)total;
+    }
+    return acc;
+}
+
+static inline void put(float *y, float v, const float *bias, int64_t n, int accumulate);
+
+/* Rows [n0, n1) of a 6-bit weight in the row layout (see arbor_qmatmul_range). */
+static void qmatmul_rows6(const ArborQWeight *w, const ArborQAct *a, int64_t n0, int64_t n1, float *y,
+                          int64_t ldy, int accumulate) {
+    const int64_t kp = w->kp, nb = kp / BLOCK, row_bytes = qrow_bytes(6, kp, 0);
+    for (int64_t m = 0; m < a->rows; m++)
+        for (int64_t n = n0; n < n1; n++) {
+            const float v = dot_row6(w->codes + n * row_bytes, w->d + n * w->num_groups, a->xq + m * kp,
+                                     a->dx + m * nb, a->xsum16 + m * 2 * nb, nb);
+            put(y + m * ldy + (n - n0), v, w->bias, n, accumulate);
+        }
 }
 
 #if defined(QPATH_AVX512)
@@ -286,6 +366,56 @@ static inline __attribute__((always_inline)) void dot_block(
  * rows over calls or threads computes the same bits (the fused step relies on it). */
 enum { TILE_GROUP = 4, TILE_JN = 2 };
 
+/* The 6-bit (Q6_K) tile_block: per block, each half (sub-block) is 4 vpdpbusd into an integer
+ * sum, turned into sc * (isum - 32 xsum16) in int32; the two halves' sum is converted and
+ * scaled by d * dx once. A tile's superblock: 8 blocks of 8 chunks (the codes a byte each, as
+ * the 8-bit tiled layout), then sc [16 sub-blocks][16 rows]. */
+static inline __attribute__((always_inline)) void tile_block6(
+    const uint8_t *codes, int64_t tile_bytes, const uint16_t *d, int64_t tile_scales, int64_t nb,
+    const int8_t *xq, int64_t kp, const float *dx, const int32_t *xsum16, const int NT, const int JN,
+    __m512 acc[TILE_GROUP][TILE_JN]) {
+    for (int i = 0; i < NT; i++)
+        for (int j = 0; j < JN; j++) acc[i][j] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t at = (b / 8) * Q6_TILE_BYTES + (b % 8) * 8 * 64;
+        const uint8_t *sc = codes + (b / 8) * Q6_TILE_BYTES + Q6_TILE_SC + (b % 8) * 2 * 16;
+        const int8_t *xb = xq + b * BLOCK;
+        __m512i total[TILE_GROUP][TILE_JN];
+        for (int i = 0; i < NT; i++)
+            for (int j = 0; j < JN; j++) total[i][j] = _mm512_setzero_si512();
+        for (int half = 0; half < 2; half++) {
+            __m512i isum[TILE_GROUP][TILE_JN];
+            for (int i = 0; i < NT; i++)
+                for (int j = 0; j < JN; j++) isum[i][j] = _mm512_setzero_si512();
+            for (int c = 0; c < 4; c++) {
+                __m512i q[TILE_GROUP];
+                for (int i = 0; i < NT; i++)
+                    q[i] = _mm512_loadu_si512((const void *)(codes + i * tile_bytes + at + (4 * half + c) * 64));
+                for (int j = 0; j < JN; j++) {
+                    int32_t x4;
+                    memcpy(&x4, xb + j * kp + 16 * half + 4 * c, 4);
+                    const __m512i xv = _mm512_set1_epi32(x4);
+                    for (int i = 0; i < NT; i++) isum[i][j] = _mm512_dpbusd_epi32(isum[i][j], q[i], xv);
+                }
+            }
+            for (int i = 0; i < NT; i++) {
+                const __m512i s = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sc + i * tile_bytes + half * 16)));
+                for (int j = 0; j < JN; j++) {
+                    const __m512i part = _mm512_mullo_epi32(
+                        s, _mm512_sub_epi32(isum[i][j], _mm512_set1_epi32(32 * xsum16[j * 2 * nb + 2 * b + half])));
+                    total[i][j] = _mm512_add_epi32(total[i][j], part);
+                }
+            }
+        }
+        for (int i = 0; i < NT; i++) {
+            const __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + i * tile_scales + (b / 8) * 16)));
+            for (int j = 0; j < JN; j++)
+                acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total[i][j]), _mm512_mul_ps(wd, _mm512_set1_ps(dx[j * nb + b])),
+                                            acc[i][j]);
+        }
+    }
+}
+
 static inline __attribute__((always_inline)) void tile_block(
     const uint8_t *codes, int64_t tile_bytes, const uint16_t *d, const uint16_t *mo, int64_t tile_scales,
     int group_shift, int64_t nb, const int8_t *xq, int64_t kp, const float *dx, const float *xs,
@@ -356,8 +486,8 @@ static inline __attribute__((always_inline)) void tile_block(
 static void qmatmul_tiles(const ArborQWeight *w, const ArborQAct *a, int64_t n0, int64_t n1, float *y,
                           int64_t ldy, int accumulate) {
     const int64_t kp = w->kp, nb = kp / BLOCK, rows = a->rows;
-    const int64_t tile_bytes = 16 * (w->bits == 4 ? kp / 2 : kp), tile_scales = 16 * w->num_groups;
-    const int row_scale = w->num_groups == 1;
+    const int64_t tile_bytes = 16 * qrow_bytes(w->bits, kp, 1), tile_scales = 16 * w->num_groups;
+    const int row_scale = w->num_groups == 1 && w->bits != 6;
     const int64_t t_end = (n1 + 15) / 16;
     for (int64_t t0 = n0 / 16; t0 < t_end; t0 += TILE_GROUP) {
         const int64_t nt = t_end - t0 < TILE_GROUP ? t_end - t0 : TILE_GROUP;
@@ -377,7 +507,16 @@ static void qmatmul_tiles(const ArborQWeight *w, const ArborQAct *a, int64_t n0,
         else if (nt == 2) BY_JN(2, BITS, RS);                                                      \
         else BY_JN(1, BITS, RS);                                                                   \
     } while (0)
-            if (w->bits == 8) {
+            if (w->bits == 6) {
+#define TB6(NT, JN) tile_block6(codes, tile_bytes, d, tile_scales, nb, xq, kp, dx, a->xsum16 + m0 * 2 * nb, NT, JN, acc)
+#define BY_JN6(NT) do { if (jn == 2) TB6(NT, 2); else TB6(NT, 1); } while (0)
+                if (nt == 4) BY_JN6(4);
+                else if (nt == 3) BY_JN6(3);
+                else if (nt == 2) BY_JN6(2);
+                else BY_JN6(1);
+#undef BY_JN6
+#undef TB6
+            } else if (w->bits == 8) {
                 if (row_scale) BY_NT(8, 1);
                 else BY_NT(8, 0);
             } else {
@@ -548,38 +687,41 @@ static float dot_row1_avx2(const ArborQWeight *w, int64_t n, const ArborQAct *a,
 }
 #endif
 
-/* The byte sizes of an ArborQAct's arrays, in layout order: xq, dx, xs, xsum, dxe (each
- * placed 64-byte aligned; dxe has 16 floats of slack for the last vector load). */
-static void qact_sizes(int64_t rows, int64_t kp, size_t sizes[5]) {
+/* The byte sizes of an ArborQAct's arrays, in layout order: xq, dx, xs, xsum, dxe, xsum16
+ * (each placed 64-byte aligned; dxe has 16 floats of slack for the last vector load). */
+enum { QACT_ARRAYS = 6 };
+static void qact_sizes(int64_t rows, int64_t kp, size_t sizes[QACT_ARRAYS]) {
     const size_t nb = (size_t)(kp / BLOCK), r = (size_t)rows;
     sizes[0] = r * (size_t)kp, sizes[1] = sizes[2] = sizes[3] = 4 * r * nb, sizes[4] = 4 * r * nb * 8 + 64;
+    sizes[5] = 8 * r * nb;
 }
 
 static size_t align64(size_t n) { return (n + 63) / 64 * 64; }
 
 size_t arbor_qact_bytes(int64_t rows, int64_t kp) {
-    size_t sizes[5], total = 0;
+    size_t sizes[QACT_ARRAYS], total = 0;
     qact_sizes(rows, kp, sizes);
-    for (int i = 0; i < 5; i++) total += align64(sizes[i]);
+    for (int i = 0; i < QACT_ARRAYS; i++) total += align64(sizes[i]);
     return total;
 }
 
 void arbor_qact_init(ArborQAct *a, void *mem, int64_t rows, int64_t kp) {
-    size_t sizes[5];
+    size_t sizes[QACT_ARRAYS];
     qact_sizes(rows, kp, sizes);
     char *p = mem;
     a->xq = (int8_t *)p, p += align64(sizes[0]);
     a->dx = (float *)p, p += align64(sizes[1]);
     a->xs = (float *)p, p += align64(sizes[2]);
     a->xsum = (int32_t *)p, p += align64(sizes[3]);
-    a->dxe = (float *)p;
+    a->dxe = (float *)p, p += align64(sizes[4]);
+    a->xsum16 = (int32_t *)p;
     a->rows = rows, a->kp = kp;
 }
 
 void arbor_qact_quantize_row(ArborQAct *a, int64_t r, const float *x, int64_t k_len) {
     const int64_t kp = a->kp, nb = kp / BLOCK, nsb = nb / 2;
     float *dx = a->dx + r * nb;
-    quantize_row(x, k_len, nb, a->xq + r * kp, dx, a->xsum + r * nb, a->xs + r * nb);
+    quantize_row(x, k_len, nb, a->xq + r * kp, dx, a->xsum + r * nb, a->xsum16 + r * 2 * nb, a->xs + r * nb);
     float *dxe = a->dxe + r * nsb * 16;
     for (int64_t sb = 0; sb < nsb; sb++)
         for (int i = 0; i < 16; i++) dxe[sb * 16 + i] = dx[2 * sb + (i >= 8)];
@@ -592,7 +734,11 @@ static inline void put(float *y, float v, const float *bias, int64_t n, int accu
 
 void arbor_qmatmul_range(const ArborQWeight *w, const ArborQAct *a, int64_t n0, int64_t n1, float *y,
                          int64_t ldy, int accumulate) {
-    const int64_t kp = w->kp, nb = kp / BLOCK, rows = a->rows, row_bytes = w->bits == 4 ? kp / 2 : kp;
+    const int64_t kp = w->kp, nb = kp / BLOCK, rows = a->rows, row_bytes = qrow_bytes(w->bits, kp, 0);
+    if (w->bits == 6 && !w->tiled) {
+        qmatmul_rows6(w, a, n0, n1, y, ldy, accumulate);
+        return;
+    }
 #if defined(QPATH_AVX512)
     if (w->tiled) {
         qmatmul_tiles(w, a, n0, n1, y, ldy, accumulate);
@@ -742,7 +888,7 @@ void arbor_qmatmul_range(const ArborQWeight *w, const ArborQAct *a, int64_t n0, 
 
 /* y[M, N] = x[M, K] @ W^T (+ bias). Returns 0, -1 when scratch memory ran out, -2 for a
  * tiled weight in a build without the AVX-512 VNNI path (arbor_quant_tiles() is 0).
- *   codes: [N, row_bytes] (row_bytes = Kp / 2 or Kp), d, mo: [N, num_groups] fp16 bits, in
+ *   codes: [N, row_bytes] (row_bytes = Kp / 2, Kp, or Kp / 256 * 208), d, mo: [N, num_groups] fp16 bits, in
  *   rows or (tiled) in tiles of 16 rows. */
 int arbor_quant_linear(const float *x, int64_t rows, int64_t k_len, const uint8_t *codes,
                        const uint16_t *d, const uint16_t *mo, int64_t n_out, int64_t kp,
@@ -805,6 +951,45 @@ static void untile_row(const uint8_t *codes, const uint16_t *d, const uint16_t *
     }
 }
 
+/* Superblock s of row n of a 6-bit weight: its 256 codes, 16 sub-block scales and d. */
+static void q6_superblock(const uint8_t *codes, const uint16_t *d, int64_t n, int64_t s, int64_t kp,
+                          int64_t num_groups, int tiled, uint8_t q[Q6_SUPER], int8_t sc[16], uint16_t *dn) {
+    const int64_t row_bytes = qrow_bytes(6, kp, tiled);
+    if (!tiled) {
+        const uint8_t *sb = codes + n * row_bytes + s * Q6_ROW_BYTES;
+        for (int e = 0; e < Q6_SUPER; e++) q[e] = (uint8_t)q6_code(sb, e);
+        memcpy(sc, sb + 192, 16);
+        *dn = d[n * num_groups + s];
+        return;
+    }
+    const int64_t t = n / 16, r = n % 16;
+    const uint8_t *sb = codes + t * 16 * row_bytes + s * Q6_TILE_BYTES;
+    for (int c = 0; c < Q6_SUPER / 4; c++) memcpy(q + 4 * c, sb + c * 64 + 4 * r, 4);
+    for (int j = 0; j < 16; j++) sc[j] = (int8_t)sb[Q6_TILE_SC + j * 16 + r];
+    *dn = d[t * 16 * num_groups + s * 16 + r];
+}
+
+/* arbor_dequantize for 6 bits: (d * sc_j) * (code - 32), as gguf's dequantizer computes it. */
+__attribute__((optimize("fp-contract=off"))) static void dequantize6(
+    const uint8_t *codes, const uint16_t *d, int64_t n_out, int64_t kp, int64_t num_groups, int tiled,
+    void *out, int bf16, int num_threads) {
+#pragma omp parallel for num_threads(threads_for(n_out * kp * 4, num_threads)) schedule(static)
+    for (int64_t n = 0; n < n_out; n++) {
+        for (int64_t s = 0; s < kp / Q6_SUPER; s++) {
+            uint8_t q[Q6_SUPER];
+            int8_t sc[16];
+            uint16_t dh;
+            q6_superblock(codes, d, n, s, kp, num_groups, tiled, q, sc, &dh);
+            const float dv = half_to_float(dh);
+            for (int e = 0; e < Q6_SUPER; e++) {
+                const float v = (dv * (float)sc[e / 16]) * (float)((int)q[e] - 32);
+                if (bf16) ((uint16_t *)out)[n * kp + s * Q6_SUPER + e] = to_bf16(v);
+                else ((float *)out)[n * kp + s * Q6_SUPER + e] = v;
+            }
+        }
+    }
+}
+
 /* out[N, K] = d * code + m, the reference's dequantize bit for bit, in fp32 (bf16 = 0) or
  * rounded to bf16 (bf16 = 1: torch's float -> bfloat16 of those values). One pass over
  * the codes, rows split over threads: the large-batch paths multiply the result with
@@ -813,6 +998,10 @@ __attribute__((optimize("fp-contract=off"))) void arbor_dequantize(
     const uint8_t *codes, const uint16_t *d, const uint16_t *mo, int64_t n_out, int64_t k_len,
     int64_t kp, int64_t num_groups, int group_shift, int bits, int tiled, void *out, int bf16,
     int num_threads) {
+    if (bits == 6) { /* k_len == kp: Q6_K rows are whole superblocks */
+        dequantize6(codes, d, n_out, kp, num_groups, tiled, out, bf16, num_threads);
+        return;
+    }
     const int64_t nb = kp / BLOCK, row_bytes = bits == 4 ? kp / 2 : kp;
 #pragma omp parallel for num_threads(threads_for(n_out * kp * 4, num_threads)) schedule(static)
     for (int64_t n = 0; n < n_out; n++) {
@@ -863,6 +1052,79 @@ __attribute__((optimize("fp-contract=off"))) void arbor_dequantize(
                 memcpy((uint16_t *)out + n * k_len + b * BLOCK, h, (size_t)len * sizeof(uint16_t));
             } else {
                 memcpy((float *)out + n * k_len + b * BLOCK, v, (size_t)len * sizeof(float));
+            }
+        }
+    }
+}
+
+/* Q4_0 / Q4_1 blocks (GGUF: per row, blocks of 32 elements of d [, m] fp16 and 16 bytes of
+ * nibbles, byte j: element j low, j + 16 high) straight into the tiled 4-bit layout, one
+ * pass, no unpacking: a block's 16 nibble bytes are already its 4 chunks of 4 bytes
+ * (kernels/reference/quant.py, tiled_from_q4_blocks, is the specification). Output row n
+ * is read from rows[n] (the caller's pointers into the file's map: a fused weight's parts,
+ * q / k rows in their un-permuted order). n_out is a multiple of 16; blocks past the row's
+ * nb = k_len / 32 (up to kp / 32) get code 0 and d = m = 0.
+ *   codes: [n_out / 16][kp / 32][4][16][4] bytes; d, m: [n_out / 16][kp / 32][16] fp16 bits
+ *   (Q4_0: m = -8 d, rounded to fp16 as torch rounds it). */
+void arbor_tile_q4_blocks(const uint8_t *const *rows, int64_t n_out, int64_t k_len, int64_t kp, int with_m,
+                          uint8_t *codes, uint16_t *d, uint16_t *m, int num_threads) {
+    const int64_t nb = k_len / BLOCK, kb = kp / BLOCK, block_bytes = with_m ? 20 : 18, qs = with_m ? 4 : 2;
+    const int64_t tiles = n_out / 16;
+#pragma omp parallel for num_threads(threads_for(n_out * kp, num_threads)) schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        uint8_t *ct = codes + t * kb * 4 * 64;
+        uint16_t *dt = d + t * kb * 16, *mt = m + t * kb * 16;
+        for (int64_t b = 0; b < kb; b++) {
+            for (int r = 0; r < 16; r++) {
+                uint8_t *cb = ct + b * 4 * 64 + 4 * r;
+                if (b >= nb) {
+                    for (int c = 0; c < 4; c++) memset(cb + c * 64, 0, 4);
+                    dt[b * 16 + r] = mt[b * 16 + r] = 0;
+                    continue;
+                }
+                const uint8_t *src = rows[t * 16 + r] + b * block_bytes;
+                for (int c = 0; c < 4; c++) memcpy(cb + c * 64, src + qs + 4 * c, 4);
+                memcpy(dt + b * 16 + r, src, 2);
+                if (with_m) memcpy(mt + b * 16 + r, src + 2, 2);
+                else mt[b * 16 + r] = float_to_half(-8.0f * half_to_float(dt[b * 16 + r]));
+            }
+        }
+    }
+}
+
+/* Q4_K superblocks (d, dmin fp16, 12 bytes of 6-bit sub-block scales and mins, 128 bytes of
+ * nibbles: per 64 elements, byte i holds element i low and 32 + i high) straight into the
+ * tiled 4-bit layout with groups of 32: d * sc_j and -dmin * m_j rounded to fp16 (the
+ * specification: tile(from_ggml_blocks(raw, "Q4_K", k)) in kernels/reference/quant.py).
+ * Rows and outputs as arbor_tile_q4_blocks; k_len a multiple of 256 (= kp). */
+void arbor_tile_q4_k_blocks(const uint8_t *const *rows, int64_t n_out, int64_t k_len, uint8_t *codes,
+                            uint16_t *d, uint16_t *m, int num_threads) {
+    const int64_t ns = k_len / 256, kb = k_len / BLOCK, tiles = n_out / 16;
+#pragma omp parallel for num_threads(threads_for(n_out * k_len, num_threads)) schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        uint8_t *ct = codes + t * kb * 4 * 64;
+        uint16_t *dt = d + t * kb * 16, *mt = m + t * kb * 16;
+        for (int r = 0; r < 16; r++) {
+            for (int64_t s = 0; s < ns; s++) {
+                const uint8_t *src = rows[t * 16 + r] + s * 144, *q = src + 4, *nib = src + 16;
+                uint16_t dh, mh;
+                memcpy(&dh, src, 2);
+                memcpy(&mh, src + 2, 2);
+                const float dv = half_to_float(dh), dmin = half_to_float(mh);
+                for (int j = 0; j < 8; j++) { /* sub-block j = our block 8 s + j */
+                    const int sc = j < 4 ? q[j] & 63 : (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+                    const int mn = j < 4 ? q[j + 4] & 63 : (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+                    const int64_t b = s * 8 + j;
+                    dt[b * 16 + r] = float_to_half(dv * (float)sc);
+                    mt[b * 16 + r] = float_to_half(-(dmin * (float)mn));
+                    const uint8_t *pair = nib + (j / 2) * 32; /* element i of the block: byte i's nibble */
+                    const int shift = (j & 1) ? 4 : 0;
+                    for (int c = 0; c < 4; c++) {
+                        uint8_t *out = ct + (b * 4 + c) * 64 + 4 * r;
+                        for (int k = 0; k < 4; k++)
+                            out[k] = (uint8_t)(((pair[4 * c + k] >> shift) & 0x0f) | (((pair[16 + 4 * c + k] >> shift) & 0x0f) << 4));
+                    }
+                }
             }
         }
     }

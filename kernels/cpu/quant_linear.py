@@ -7,10 +7,11 @@ import ctypes
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from kernels.cpu.build import build_library
-from kernels.reference.quant import QuantizedWeight
+from kernels.reference.quant import BLOCK, K_ELEMENTS, SUPERBLOCK, TILE_ROWS, QuantizedWeight
 
 _P, _I, _N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _ARGTYPES: list[Any] = [_P, _I, _I, _P, _P, _P, _I, _I, _I, _N, _N, _N, _P, _P, _N]
@@ -28,6 +29,12 @@ class CpuQuantLinear:
         self._dequantize = lib.arbor_dequantize
         self._dequantize.argtypes = [_P, _P, _P, _I, _I, _I, _I, _N, _N, _N, _P, _N, _N]
         self._dequantize.restype = None
+        self._tile_q4 = lib.arbor_tile_q4_blocks
+        self._tile_q4.argtypes = [_P, _I, _I, _I, _N, _P, _P, _P, _N]
+        self._tile_q4.restype = None
+        self._tile_q4_k = lib.arbor_tile_q4_k_blocks
+        self._tile_q4_k.argtypes = [_P, _I, _I, _P, _P, _P, _N]
+        self._tile_q4_k.restype = None
         lib.arbor_quant_path.restype = ctypes.c_int
         self.path = PATHS[lib.arbor_quant_path()]  # the instruction set this build uses
         lib.arbor_quant_has_bf16.restype = ctypes.c_int
@@ -68,6 +75,27 @@ class CpuQuantLinear:
         if status != 0:
             raise MemoryError("quant_linear: could not allocate the quantized activations")
         return out.view(*lead, weight.out_features)
+
+    def tile_q4_blocks(self, rows: np.ndarray, kind: str, in_features: int) -> QuantizedWeight:
+        """``reference.quant.tiled_from_q4_blocks`` in one C pass: Q4_0 / Q4_1 blocks straight
+        to the tiled layout (Q4_K: ``tile(from_ggml_blocks(...))``, its scales rounded alike). ``rows``: the address of each output row's blocks (uint64
+        [N], N a multiple of 16; e.g. into a file's map), which must stay readable for the call."""
+        whole = K_ELEMENTS if kind == "Q4_K" else BLOCK
+        if kind not in ("Q4_0", "Q4_1", "Q4_K") or in_features % whole or len(rows) % TILE_ROWS:
+            raise ValueError(f"tile_q4_blocks takes Q4_0 / Q4_1 / Q4_K rows of whole blocks in whole tiles, got "
+                             f"{kind} {len(rows)} x {in_features}")
+        n, kp = len(rows), -(-in_features // SUPERBLOCK) * SUPERBLOCK
+        codes = torch.empty(n, kp // 2, dtype=torch.uint8)
+        d = torch.empty(n, kp // BLOCK, dtype=torch.float16)
+        m = torch.empty_like(d)
+        pointers = np.ascontiguousarray(rows, dtype=np.uint64)
+        if kind == "Q4_K":
+            self._tile_q4_k(pointers.ctypes.data, n, in_features, codes.data_ptr(), d.data_ptr(), m.data_ptr(),
+                            torch.get_num_threads())
+        else:
+            self._tile_q4(pointers.ctypes.data, n, in_features, kp, int(kind == "Q4_1"), codes.data_ptr(),
+                          d.data_ptr(), m.data_ptr(), torch.get_num_threads())
+        return QuantizedWeight(codes, d, m, 4, 1, in_features, tiled=True)
 
     def dequantize(self, weight: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:  # [N, K]
         """``reference.quant.dequantize``, bit for bit, in one pass over the codes; with

@@ -15,10 +15,16 @@ That one form holds every format we load or make:
     "int4" (ours)       4  32..128          round((w-min)/d)   min        (asymmetric)
     "int8" (ours)       8  whole row        q + 128            -128 d     (per channel)
 
+and one more, held as the file holds it (``kernels.reference.q6_k``): Q6_K, ``bits=6``, groups
+of 256 (``blocks_per_group=8``) with ``d`` in ``scales`` and ``offsets = -32 d``, its 6-bit
+codes and int8 scales of 16 elements in ``codes``: ``w = (d * sc_j) * (code - 32)``.
+
 Code layout (``codes``, uint8), rows padded with zero codes to ``padded_features``, a
 multiple of 64 (the padded columns' scales are 0 or meet zero activations)::
 
     8 bits: one byte per element                                   [N, Kp]
+    6 bits: per 256 elements, the file's 208 bytes (q6_k.py)       [N, Kp / 256 * 208]
+            (tiled: [N, Kp / 256 * 272], the codes a byte each)
     4 bits: per 64-element superblock, byte i = element i (low nibble) | element 32+i (high)
                                                                    [N, Kp / 2]
 
@@ -33,6 +39,7 @@ the tile's, in this order::
     8 bits: [Kp / 4 chunks][16 rows][4 bytes]   chunk c: inputs 4c .. 4c + 3
     4 bits: [Kp / 32 blocks][4 chunks][16 rows][4 bytes]   byte q of chunk c of block b:
             input 32b + 4c + q (low nibble) | input 32b + 16 + 4c + q (high nibble)
+    6 bits: q6_k.py ("Tiled layout")
     scales, offsets: [G][16 rows]
 """
 
@@ -44,6 +51,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from kernels.reference import q6_k
+
 BLOCK = 32  # input features per block (the activations' quantization block too)
 SUPERBLOCK = 64  # two blocks: the unit of the 4-bit code layout and of row padding
 TILE_ROWS = 16  # rows of a tile in the tiled layout
@@ -51,7 +60,7 @@ GGML_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34} 
 K_ELEMENTS = 256  # a K-quant superblock's elements
 # superblock bytes: d, dmin (f16), 12 bytes of 6-bit scales and mins, [32 bytes of 5th bits], 128 of nibbles
 K_BYTES = {"Q4_K": 144, "Q5_K": 176}
-GGML_KINDS = (*GGML_BLOCK_BYTES, *K_BYTES)  # the GGUF block types loaded without dequantizing
+GGML_KINDS = (*GGML_BLOCK_BYTES, *K_BYTES, "Q6_K")  # the GGUF block types loaded without dequantizing
 
 
 @dataclass(frozen=True)
@@ -61,18 +70,21 @@ class QuantizedWeight:
     codes: torch.Tensor  # uint8 [N, Kp] (8 bits) or [N, Kp / 2] (4 bits)
     scales: torch.Tensor  # float16 [N, num_groups], d
     offsets: torch.Tensor  # float16 [N, num_groups], m
-    bits: int  # 4 or 8
+    bits: int  # 4, 6 (Q6_K) or 8
     blocks_per_group: int | None  # a power of two; None: one group per row (per channel)
     in_features: int  # K, before padding
     tiled: bool = False  # the tiled layout (module docstring); N a multiple of TILE_ROWS
 
     def __post_init__(self) -> None:
-        if self.bits not in (4, 8):
-            raise ValueError(f"bits must be 4 or 8, got {self.bits}")
+        if self.bits not in (4, 6, 8):
+            raise ValueError(f"bits must be 4, 6 or 8, got {self.bits}")
         bpg = self.blocks_per_group
         if bpg is not None and (bpg < 1 or bpg & (bpg - 1)):
             raise ValueError(f"blocks_per_group must be a power of two or None, got {bpg}")
-        row_bytes = self.padded_features * self.bits // 8
+        if self.bits == 6 and (bpg != q6_k.SUPER // BLOCK or self.in_features % q6_k.SUPER):
+            raise ValueError(f"6-bit (Q6_K) weights have groups of {q6_k.SUPER} and whole ones, got "
+                             f"blocks_per_group={bpg}, {self.in_features} features")
+        row_bytes = self.row_bytes
         n = self.codes.shape[0]
         if self.codes.dtype != torch.uint8 or tuple(self.codes.shape) != (n, row_bytes):
             raise ValueError(f"codes must be uint8 [{n}, {row_bytes}], got {self.codes.dtype} "
@@ -91,6 +103,12 @@ class QuantizedWeight:
     @property
     def padded_features(self) -> int:  # Kp
         return -(-self.in_features // SUPERBLOCK) * SUPERBLOCK
+
+    @property
+    def row_bytes(self) -> int:  # bytes of codes per row
+        if self.bits == 6:
+            return self.padded_features // q6_k.SUPER * (q6_k.TILED_ROW_BYTES if self.tiled else q6_k.ROW_BYTES)
+        return self.padded_features * self.bits // 8
 
     @property
     def num_blocks(self) -> int:
@@ -163,8 +181,10 @@ def _expand_groups(t: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:  # [N, 
 
 
 def dequantize(w: QuantizedWeight) -> torch.Tensor:  # [N, K] float32
-    """The fp32 weight the codes stand for: ``d * code + m``."""
+    """The fp32 weight the codes stand for: ``d * code + m`` (6 bits: ``q6_k.dequantize``)."""
     w = untile(w)
+    if w.bits == 6:
+        return q6_k.dequantize(w.codes, w.scales)
     full = _expand_groups(w.scales, w) * _unpack_codes(w).float() + _expand_groups(w.offsets, w)
     return full[:, : w.in_features].contiguous()
 
@@ -177,7 +197,9 @@ def tile(w: QuantizedWeight) -> QuantizedWeight:
     n, t, kp = w.out_features, w.out_features // TILE_ROWS, w.padded_features
     if n % TILE_ROWS:
         raise ValueError(f"only a weight of a multiple of {TILE_ROWS} rows can be tiled, got {n}")
-    if w.bits == 8:  # [t, r, chunk, q] -> [t, chunk, r, q]
+    if w.bits == 6:
+        codes = q6_k.tile(w.codes)
+    elif w.bits == 8:  # [t, r, chunk, q] -> [t, chunk, r, q]
         codes = w.codes.view(t, TILE_ROWS, kp // 4, 4).transpose(1, 2)
     else:  # codes [t, r, block, half, chunk, q] -> bytes [t, block, chunk, r, q] of (low, high)
         c = _unpack_codes(w).view(t, TILE_ROWS, kp // BLOCK, 2, 4, 4).permute(0, 2, 4, 1, 5, 3)
@@ -203,7 +225,9 @@ def _tiled_rows(w: QuantizedWeight, index: torch.Tensor) -> QuantizedWeight:
     t, r = index // TILE_ROWS, index % TILE_ROWS
     tiles, kp, groups = w.out_features // TILE_ROWS, w.padded_features, w.num_groups
     # NOTE: advanced indices split by a slice put the indexed dim first: [L, ...]
-    if w.bits == 8:
+    if w.bits == 6:
+        codes = q6_k.tiled_rows(w.codes, index)
+    elif w.bits == 8:
         codes = w.codes.view(tiles, kp // 4, TILE_ROWS, 4)[t, :, r, :].reshape(len(index), kp)
     else:
         chunks = w.codes.view(tiles, kp // BLOCK, 4, TILE_ROWS, 4)[t, :, :, r, :]  # [L, block, chunk, q]
@@ -249,6 +273,13 @@ def quantize_int4(weight: torch.Tensor, blocks_per_group: int = 1) -> QuantizedW
     return _by_chunks(_quantize_int4, weight, blocks_per_group)
 
 
+def quantize_q6_k(weight: torch.Tensor) -> QuantizedWeight:
+    """Q6_K (``q6_k.quantize``: 6-bit codes, an int8 scale per 16, fp16 d per 256); K a
+    multiple of 256."""
+    codes, d = q6_k.quantize(weight)
+    return QuantizedWeight(codes, d, (-32.0 * d.float()).half(), 6, q6_k.SUPER // BLOCK, weight.shape[1])
+
+
 def _quantize_int8(weight: torch.Tensor, blocks_per_group: int | None) -> QuantizedWeight:
     padded = _pad_columns(weight)
     groups = _groups(padded, blocks_per_group)
@@ -278,10 +309,13 @@ def from_ggml_blocks(raw: torch.Tensor, kind: str, in_features: int) -> Quantize
     ``kind``: "Q4_0" (d f16, 16 bytes of nibbles: element j low, j + 16 high), "Q4_1" (d, m,
     nibbles), "Q5_0" / "Q5_1" (d, [m,] 4 bytes of fifth bits, nibbles: 5-bit codes, held in
     8 bits), "Q8_0" (d, 32 int8), "Q4_K" or "Q5_K" (``_from_k_quant``: their block scales
-    are rounded).
+    are rounded), "Q6_K" (as it is: ``q6_k``).
     """
     if kind not in GGML_KINDS:
         raise ValueError(f"unsupported GGUF block type {kind!r} (supported: {sorted(GGML_KINDS)})")
+    if kind == "Q6_K":
+        codes, d = q6_k.from_blocks(raw, in_features)
+        return QuantizedWeight(codes, d, (-32.0 * d.float()).half(), 6, q6_k.SUPER // BLOCK, in_features)
     if kind in K_BYTES:
         return _from_k_quant(raw, kind, in_features)
     if in_features % BLOCK:
@@ -373,6 +407,8 @@ def widen(w: QuantizedWeight) -> QuantizedWeight:
     with an 8-bit weight of the same groups)."""
     if w.bits == 8:
         return w
+    if w.bits == 6:
+        raise ValueError("6-bit (Q6_K) codes have scales per 16 elements: they cannot be widened")
     w = untile(w)
     return QuantizedWeight(_unpack_codes(w).contiguous(), w.scales, w.offsets, 8, w.blocks_per_group, w.in_features)
 

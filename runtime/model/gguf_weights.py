@@ -1,17 +1,18 @@
-"""A GGUF model's weights loaded as they are stored: Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 blocks
-become ``QuantizedWeight`` codes and scales bit for bit (``weights="gguf"``), with no fp32
-copy (Q5's 5-bit codes held in 8 bits).
+"""A GGUF model's weights loaded as they are stored: Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q6_K
+blocks become ``QuantizedWeight`` codes and scales bit for bit (``weights="gguf"``), with no
+fp32 copy (Q5's 5-bit codes held in 8 bits; Q6_K as it is stored).
 
 What conversion (``convert.py``, through transformers) does to the numbers, we do to rows:
 llama.cpp stores a Llama model's q and k projections with the rows of each head
 interleaved for its rotary layout; undoing that is a row permutation, which moves whole
 quantized rows. Tensors in other types (F32/F16 norms, or a linear in a K-quant we have
-no kernel for: Q6_K, Q2_K, Q3_K, ...) are dequantized with the ``gguf`` package; such a
+no kernel for: Q2_K, Q3_K, ...) are dequantized with the ``gguf`` package; such a
 linear is then quantized to int8 in groups of 32, and the log says so. Q4_K and Q5_K blocks
 load as groups of 32 (their scales rounded to fp16: ``kernels.reference.quant._from_k_quant``).
-Every one of these is a format of groups of 32, so parts of a fused weight stored in
-different ones (a file's v in Q6_K, its q and k in Q4_K) stack without requantizing: 4-bit
-parts are widened to 8-bit codes (``widen``).
+Every one of these but Q6_K is a format of groups of 32, so parts of a fused weight stored
+in different ones (a file's v in Q8_0, its q and k in Q4_K) stack without requantizing: 4-bit
+parts are widened to 8-bit codes (``widen``); a Q6_K part beside other types (its scales are
+per 16 elements) is quantized to int8 in groups of 32 first.
 
 Everything is read tensor by tensor from the file's memory map (``GGUFFile``); where the
 kernels read tiles, Q4_0 / Q4_1 bytes go straight to the tiled layout
@@ -27,6 +28,7 @@ import warnings
 import numpy as np
 import torch
 
+import kernels
 from kernels import QuantizedWeight
 from kernels.reference.quant import (
     GGML_KINDS,
@@ -54,7 +56,9 @@ class GGUFTensors:
     def __init__(self, gguf: GGUFFile, tiles: bool = False) -> None:
         self.gguf = gguf
         self.path = gguf.path
-        self.tiles = tiles  # build Q4_0 / Q4_1 weights straight in the tiled layout
+        # the kernels read tiles: build Q4_0 / Q4_1 weights straight in the tiled layout, and
+        # keep Q6_K as stored (its fast path is the tiled one; elsewhere int8 in groups of 32)
+        self.tiles = tiles
 
     def has(self, name: str) -> bool:
         return name in self.gguf.tensors
@@ -66,14 +70,20 @@ class GGUFTensors:
 
     def stacked(self, names: list[str], orders: list[torch.Tensor | None] | None = None) -> QuantizedWeight:
         """The weights ``names`` stacked along the output dim (a fused q/k/v or gate/up),
-        rows of part i taken in ``orders[i]`` (None: as stored). Parts all Q4_0 or all Q4_1
-        in whole tiles go from the file's bytes straight to the tiled layout (one copy);
-        others through ``quantized`` and ``_fused``."""
+        rows of part i taken in ``orders[i]`` (None: as stored). Parts all Q4_0, all Q4_1 or
+        all Q4_K in whole tiles go from the file's bytes straight to the tiled layout (one C
+        pass; Q4_0 / Q4_1 in torch without the C kernels); others through ``quantized`` and
+        ``_fused``."""
         infos = [self.gguf.tensor(n) for n in names]
         orders = orders or [None] * len(names)
         rows = sum(i.shape[1] for i in infos)
         kinds = {(i.type_name, i.shape[0]) for i in infos}
-        if self.tiles and len(kinds) == 1 and infos[0].type_name in ("Q4_0", "Q4_1") and rows % TILE_ROWS == 0:
+        kind = infos[0].type_name
+        if self.tiles and len(kinds) == 1 and kind in ("Q4_0", "Q4_1", "Q4_K") and rows % TILE_ROWS == 0:
+            weight = self._tiled_in_c(names, orders, kind, infos[0].shape[0])
+            if weight is not None:
+                return weight
+        if self.tiles and len(kinds) == 1 and kind in ("Q4_0", "Q4_1") and rows % TILE_ROWS == 0:
             parts = []
             with warnings.catch_warnings():  # the map is read-only; only read here
                 warnings.simplefilter("ignore", UserWarning)
@@ -90,17 +100,35 @@ class GGUFTensors:
                                                                                                 strict=True)]
         return weights[0] if len(weights) == 1 else _fused(names[0], weights)
 
+    def _tiled_in_c(self, names: list[str], orders: list[torch.Tensor | None], kind: str,
+                    in_features: int) -> QuantizedWeight | None:
+        """``stacked``'s Q4 parts tiled by the C kernel straight from the map (None: no C
+        kernel in use): each output row's address, parts in turn, rows in their order."""
+        addresses = []
+        for name, order in zip(names, orders, strict=True):
+            raw = self._raw(name)[1]
+            index = np.arange(raw.shape[0], dtype=np.uint64) if order is None else order.numpy().astype(np.uint64)
+            addresses.append(raw.ctypes.data + index * np.uint64(raw.shape[1]))
+        weight = kernels.tile_q4_blocks(np.concatenate(addresses), kind, in_features)
+        if weight is not None:
+            for name in names:
+                self.gguf.release(name)
+        return weight
+
     def dense(self, name: str) -> torch.Tensor:  # [*shape] float32 (torch order), dequantized if need be
         return torch.from_numpy(self.gguf.dense(name))
+
+    def _q6_k_native(self, info: TensorInfo) -> bool:
+        return q6_k_native(info.num_elements // info.shape[0], self.tiles)
 
     def quantized(self, name: str) -> QuantizedWeight:
         """A 2-D weight ``[N, K]`` as ``QuantizedWeight`` (its own blocks where we have a
         kernel for them)."""
         info, raw = self._raw(name)
         in_features = info.shape[0]  # GGUF lists dims innermost first
-        if info.type_name not in GGML_KINDS:
-            log.info("GGUF tensor %s is %s: no kernel for it, quantizing to int8 in groups of 32", name,
-                     info.type_name)
+        if info.type_name not in GGML_KINDS or (info.type_name == "Q6_K" and not self._q6_k_native(info)):
+            log.info("GGUF tensor %s is %s: no fast kernel for it here, quantizing to int8 in groups of 32",
+                     name, info.type_name)
             return quantize_int8(self.dense(name).reshape(-1, in_features), blocks_per_group=1)
         with warnings.catch_warnings():  # the map is read-only; from_ggml_blocks only reads it
             warnings.simplefilter("ignore", UserWarning)
@@ -109,6 +137,12 @@ class GGUFTensors:
         del blocks
         self.gguf.release(name)
         return weight
+
+
+def q6_k_native(rows: int, tiles: bool) -> bool:
+    """Whether a Q6_K weight of ``rows`` rows is held as stored: where the kernels read
+    tiles and its rows fill whole tiles (the 6-bit row layout has only a portable kernel)."""
+    return tiles and rows % TILE_ROWS == 0
 
 
 def _unpermute_rows(num_heads: int, rows: int) -> torch.Tensor:
@@ -231,8 +265,12 @@ def _build(weights: Weights, args: ModelArgs, max_positions: int) -> LlamaForCau
 
 def _fused(name: str, parts: list[QuantizedWeight]) -> QuantizedWeight:
     """Parts stacked into one weight. Parts of different code widths but the same groups (a
-    file may keep v in Q8_0 or Q6_K and q, k in Q4) stack exactly, the 4-bit ones widened
-    to 8-bit codes; parts of different groups are requantized together to int8 per channel."""
+    file may keep v in Q8_0 and q, k in Q4) stack exactly, the 4-bit ones widened to 8-bit
+    codes; a 6-bit (Q6_K) part among others is first quantized to int8 in groups of 32;
+    parts of still different groups are requantized together to int8 per channel."""
+    if len({p.bits for p in parts}) > 1 and any(p.bits == 6 for p in parts):
+        log.info("GGUF %s: a Q6_K part beside other types, quantizing it to int8 in groups of 32", name)
+        parts = [quantize_int8(dequantize(p), blocks_per_group=1) if p.bits == 6 else p for p in parts]
     if len({p.bits for p in parts}) > 1 and len({p.blocks_per_group for p in parts}) == 1:
         parts = [widen(p) for p in parts]
     if len({(p.bits, p.blocks_per_group) for p in parts}) == 1:

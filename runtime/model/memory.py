@@ -15,13 +15,16 @@ from typing import Any
 
 import torch
 
+import kernels
 from runtime.errors import ModelLoadError
 from runtime.model.gguf_config import expected_shapes
 from runtime.model.gguf_file import GGUFFile
+from runtime.model.gguf_weights import q6_k_native
 from runtime.model.kv_cache import KVCache
 
 GROUP_BYTES_PER_ELEMENT = 4 / 32  # an fp16 scale and offset per group of 32 elements
-_FOUR_BIT_KINDS = ("Q4_0", "Q4_1", "Q4_K")  # held as 4-bit codes; every other block type as 8-bit
+Q6_K_BYTES_PER_ELEMENT = (272 + 4) / 256  # Q6_K's tiles: a byte a code, sub-block scales, d and -32 d
+_FOUR_BIT_KINDS = ("Q4_0", "Q4_1", "Q4_K")  # held as 4-bit codes; Q6_K as stored; others as 8-bit
 # fused weights: their parts are held in one format (4-bit parts widened beside 8-bit ones)
 _FUSED = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))
 GiB = 1024**3
@@ -73,25 +76,36 @@ def _row(shapes: dict[str, tuple[int, ...]]) -> int:
 
 
 def _gguf_nbytes(shapes: dict[str, tuple[int, ...]], gguf: GGUFFile) -> int:
-    def bits(name: str) -> int:
+    def kind(name: str) -> str:
         info = gguf.tensors.get(name)
-        return 4 if info is not None and info.type_name in _FOUR_BIT_KINDS else 8
+        return "F32" if info is None else info.type_name
 
-    width = {name: bits(name) for name in shapes}
-    for name in shapes:  # a fused weight's parts take the widest part's codes
+    kinds = {name: {kind(name)} for name in shapes}
+    for name in shapes:  # a fused weight's parts are held in one format
         for group in _FUSED:
             stem = next((g for g in group if f".{g}.weight" in name), None)
             if stem is not None:
-                parts = [name.replace(f".{stem}.", f".{g}.") for g in group]
-                width[name] = max(width.get(p, 8) for p in parts)
+                kinds[name] = {kind(name.replace(f".{stem}.", f".{g}.")) for g in group}
+    tiles = kernels.reads_tiles()
     total = 0
     for name, shape in shapes.items():
         if len(shape) == 1:
             total += _numel(shape) * 4
             continue
         padded = -(-shape[0] // 64) * 64 * _numel(shape[1:])
-        total += int(padded * (width[name] / 8 + GROUP_BYTES_PER_ELEMENT))
+        total += int(padded * _bytes_per_element(kinds[name], q6_k_native(_numel(shape[1:]), tiles)))
     return total
+
+
+def _bytes_per_element(kinds: set[str], q6_k_as_stored: bool) -> float:
+    """Bytes an element of a weight stored in ``kinds`` (its fused parts' types) takes: Q6_K
+    in its tiles (its d and -32 d per 256) where ``gguf_weights.q6_k_native``; 4-bit kinds
+    as 4-bit codes; everything else, and a mix with Q6_K, as 8-bit codes; scales and offsets
+    fp16 per group of 32."""
+    if kinds == {"Q6_K"} and q6_k_as_stored:
+        return Q6_K_BYTES_PER_ELEMENT
+    bits = 4 if kinds <= set(_FOUR_BIT_KINDS) else 8
+    return bits / 8 + GROUP_BYTES_PER_ELEMENT
 
 
 def kv_bytes_per_token(cfg: dict[str, Any], kv_dtype: torch.dtype) -> int:

@@ -15,6 +15,7 @@ import torch
 from kernels import dispatch
 from kernels.cpu import CpuKernels
 from kernels.cpu.quant_linear import CpuQuantLinear
+from kernels.reference import q6_k
 from kernels.reference import quant as Q
 
 PATH_DEFINES = {"native": (), "avx2": ("ARBOR_QUANT_NO_AVX512",), "portable": ("ARBOR_QUANT_SCALAR",)}
@@ -361,7 +362,7 @@ def test_widen_holds_4_bit_codes_in_8() -> None:
 
 def test_ggml_blocks_refuse_unknown_types_and_partial_blocks() -> None:
     with pytest.raises(ValueError, match="unsupported GGUF block type"):
-        Q.from_ggml_blocks(torch.zeros(1, 18, dtype=torch.uint8), "Q6_K", 32)
+        Q.from_ggml_blocks(torch.zeros(1, 18, dtype=torch.uint8), "Q3_K", 32)
     with pytest.raises(ValueError, match="whole blocks"):
         Q.from_ggml_blocks(torch.zeros(1, 18, dtype=torch.uint8), "Q4_0", 40)
 
@@ -386,3 +387,118 @@ def test_quantizing_by_row_chunks_changes_nothing(monkeypatch: pytest.MonkeyPatc
     for whole, parts in ((whole8, Q.quantize_int8(w)), (whole4, Q.quantize_int4(w))):
         assert torch.equal(whole.codes, parts.codes) and torch.equal(whole.scales, parts.scales)
         assert torch.equal(whole.offsets, parts.offsets)
+
+
+# ---- Q6_K, held as the file holds it (kernels/reference/q6_k.py) ---------------------------
+def _q6_k_blocks(n: int, k: int, seed: int) -> np.ndarray:
+    """Random Q6_K superblocks: every code and sub-block scale byte random, d ordinary."""
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, (n, k // 256, 210), dtype=np.uint8)
+    raw[:, :, 208:] = rng.uniform(1e-4, 2e-2, (n, k // 256)).astype(np.float16).view(np.uint8).reshape(n, -1, 2)
+    return raw.reshape(n, -1)
+
+
+@pytest.mark.parametrize("k", [256, 768])
+def test_q6_k_blocks_load_as_stored_bit_for_bit(k: int) -> None:
+    """Q6_K keeps its own bytes (6.5 bits a weight plus d and -32 d per 256; 8.5 in tiles) and
+    dequantizes to exactly what gguf's dequantizer gives, in rows and in tiles."""
+    raw = _q6_k_blocks(32, k, seed=40)
+    want = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q6_K).astype(np.float32))
+    ours = Q.from_ggml_blocks(torch.from_numpy(raw), "Q6_K", k)
+    assert (ours.bits, ours.blocks_per_group, tuple(ours.codes.shape)) == (6, 8, (32, k // 256 * 208))
+    assert ours.nbytes == 32 * k // 256 * 212
+    assert torch.equal(Q.dequantize(ours), want)
+    tiled = Q.tile(ours)
+    assert tiled.nbytes == 32 * k // 256 * 276  # in tiles, a byte a code
+    assert torch.equal(Q.dequantize(tiled), want) and torch.equal(Q.untile(tiled).codes, ours.codes)
+    index = torch.tensor([31, 0, 17, 16, 5])
+    assert torch.equal(Q.dequantize(tiled.rows(index)), want[index])
+    assert torch.equal(Q.dequantize(ours.rows(index)), want[index])
+    assert torch.equal(q6_k.to_blocks(ours.codes, ours.scales), torch.from_numpy(raw))
+    with pytest.raises(ValueError, match="superblocks of 256"):
+        Q.from_ggml_blocks(torch.from_numpy(raw[:, :105]), "Q6_K", 128)
+    with pytest.raises(ValueError, match="cannot be widened"):
+        Q.widen(ours)
+
+
+def test_q6_k_quantizer_round_trips_through_the_file_format() -> None:
+    """``quantize_q6_k`` writes blocks gguf reads back as our dequantization, within a
+    6-bit step of the weights (4x closer than 4-bit groups of 32)."""
+    w = _randn(48, 512, seed=41, scale=0.05)
+    ours = Q.quantize_q6_k(w)
+    raw = q6_k.to_blocks(ours.codes, ours.scales).numpy()
+    back = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q6_K))
+    assert torch.equal(Q.dequantize(ours), back)
+    err = ((back - w).norm() / w.norm()).item()
+    assert err < 0.03 and err < ((Q.dequantize(Q.quantize_int4(w)) - w).norm() / w.norm()).item() / 3
+
+
+@pytest.mark.parametrize("rows,n,k", [(1, 96, 512), (3, 40, 256), (33, 64, 768)])
+def test_q6_k_kernel_matches_the_reference(kernel: CpuQuantLinear, rows: int, n: int, k: int) -> None:
+    """On every path, in the row layout: the reference on the int8-rounded activations up to
+    fp32 summation order; the C dequantize is the reference's bit for bit."""
+    weight = Q.from_ggml_blocks(torch.from_numpy(_q6_k_blocks(n, k, seed=42)), "Q6_K", k)
+    x, bias = _randn(rows, k, seed=43), _randn(n, seed=44)
+    exact = Q.quantized_linear(Q.quantize_activations(x), weight, bias)
+    torch.testing.assert_close(kernel(x, weight, bias), exact, atol=2e-6 * exact.abs().max().item(), rtol=1e-5)
+    assert torch.equal(kernel.dequantize(weight), Q.dequantize(weight))
+    assert torch.equal(kernel.dequantize(weight, torch.bfloat16), Q.dequantize(weight).bfloat16())
+
+
+@pytest.mark.parametrize("rows,n,k", [(1, 96, 512), (2, 48, 256), (7, 112, 768), (33, 64, 512)])
+def test_q6_k_tiled_kernel_matches_the_reference(tiling: CpuQuantLinear, rows: int, n: int, k: int) -> None:
+    """Tiled (AVX-512 VNNI): 1, 2, 3, 4 tiles at a time, 1 or 2 activation rows, one and
+    several superblocks; every code (0 and 63) and full-scale activations included."""
+    raw = _q6_k_blocks(n, k, seed=45)
+    raw.reshape(n, -1, 210)[0, 0, :192] = 0xFF  # codes 63
+    raw.reshape(n, -1, 210)[1, 0, :192] = 0  # codes 0
+    weight = Q.from_ggml_blocks(torch.from_numpy(raw), "Q6_K", k)
+    x, bias = _randn(rows, k, seed=46), _randn(n, seed=47)
+    x[0] = torch.where(x[0] > 0, 1.0, -1.0)  # every activation code +-127
+    exact = Q.quantized_linear(Q.quantize_activations(x), weight, bias)
+    out = tiling(x, Q.tile(weight), bias)
+    torch.testing.assert_close(out, exact, atol=2e-6 * exact.abs().max().item(), rtol=1e-5)
+    torch.testing.assert_close(out, tiling(x, weight, bias), atol=2e-6 * exact.abs().max().item(), rtol=1e-5)
+    assert torch.equal(tiling.dequantize(Q.tile(weight)), Q.dequantize(weight))
+    assert torch.equal(tiling.dequantize(Q.tile(weight), torch.bfloat16), Q.dequantize(weight).bfloat16())
+
+
+@pytest.mark.parametrize(("kind", "k"), [("Q4_0", 96), ("Q4_1", 576), ("Q4_0", 64), ("Q4_1", 2048)])
+def test_c_tiling_of_q4_blocks_is_the_references(kernel: CpuQuantLinear, kind: str, k: int) -> None:
+    """The C pass from row addresses (here a permutation of a tensor's rows, as the loader
+    un-permutes q / k) equals the torch one on the permuted rows, Q4_0's m = -8 d rounded
+    alike (subnormal, largest and overflowing d included); 96 and 576 columns pad to whole
+    superblocks."""
+    values = _randn(48, k, seed=48).numpy()
+    raw = gguf.quants.quantize(values, gguf.GGMLQuantizationType[kind])
+    d = raw.reshape(48, k // 32, -1)[:, :, :2]
+    for row, bits in enumerate([0x0001, 0x03FF, 0x0400, 0x5000, 0x7BFF, 0x77FF, 0x8001, 0xFBFF]):
+        d[row, 0] = np.array([bits], dtype=np.uint16).view(np.uint8)
+    order = np.random.default_rng(49).permutation(48)
+    got = kernel.tile_q4_blocks(raw.ctypes.data + order.astype(np.uint64) * np.uint64(raw.shape[1]), kind, k)
+    want = Q.tiled_from_q4_blocks(torch.from_numpy(raw)[torch.from_numpy(order)], kind, k)
+    for field in ("codes", "scales", "offsets"):
+        assert torch.equal(getattr(got, field), getattr(want, field)), field
+    with pytest.raises(ValueError, match="whole tiles"):
+        kernel.tile_q4_blocks(np.zeros(40, dtype=np.uint64), kind, k)
+
+
+@pytest.mark.parametrize("k", [256, 768])
+def test_c_tiling_of_q4_k_blocks_is_the_references(kernel: CpuQuantLinear, k: int) -> None:
+    """Q4_K from row addresses in one C pass: the reference's rows tiled, block scales
+    d * sc_j and -dmin * m_j rounded to fp16 alike."""
+    raw = _k_quant_blocks("Q4_K", 48, k, seed=50)
+    order = np.random.default_rng(51).permutation(48)
+    got = kernel.tile_q4_blocks(raw.ctypes.data + order.astype(np.uint64) * np.uint64(raw.shape[1]), "Q4_K", k)
+    want = Q.tile(Q.from_ggml_blocks(torch.from_numpy(raw)[torch.from_numpy(order)], "Q4_K", k))
+    for field in ("codes", "scales", "offsets"):
+        assert torch.equal(getattr(got, field), getattr(want, field)), field
+    with pytest.raises(ValueError, match="whole blocks"):
+        kernel.tile_q4_blocks(np.zeros(48, dtype=np.uint64), "Q4_K", 96)
+
+
+def test_q6_k_tiling_by_row_chunks_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    weight = Q.from_ggml_blocks(torch.from_numpy(_q6_k_blocks(64, 256, seed=52)), "Q6_K", 256)
+    whole = Q.tile(weight)
+    monkeypatch.setattr(q6_k, "TILE_CHUNK_ROWS", 16)
+    assert torch.equal(Q.tile(weight).codes, whole.codes)

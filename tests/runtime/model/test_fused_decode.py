@@ -151,6 +151,39 @@ def test_batches_past_the_kernels_limit_run_layer_by_layer(fmt: str, tiny_llama_
         assert called == [1]
 
 
+@pytest.mark.parametrize("tiles", [False, True], ids=["rows", "tiles"])
+def test_q6_k_weights_beside_4_bit_ones(tiles: bool, tiny_llama_256_dir: Path) -> None:
+    """A Q4_K_M-like mix: the MLP's down projection and the LM head in Q6_K (6-bit codes,
+    int8 sub-block scales), every other weight 4-bit; the fused step is still the
+    layer-by-layer path bit for bit."""
+    from kernels.reference.quant import quantize_q6_k
+
+    model = load_model(tiny_llama_256_dir, CPU, torch.float32, 1024)
+    down = [quantize_q6_k(layer.mlp.down_proj.weight.detach()) for layer in model.layers]
+    head = quantize_q6_k(model.lm_head.weight.detach())
+    quantize_model(model, "int4")
+    for layer, weight in zip(model.layers, down, strict=True):
+        layer.mlp.down_proj = QuantizedLinear(weight)
+    model.lm_head = QuantizedLinear(head)
+    if tiles:
+        native = kernels.dispatch._cpu_in_use()
+        assert native is not None
+        if not native.quant_linear.tiles:
+            pytest.skip(f"environment: this CPU's kernels ({native.quant_linear.path}) do not tile")
+        prepare_quantized(model)
+        assert model.lm_head.weight.tiled and model.lm_head.weight.bits == 6
+    eager, fused = _runners(model, 4, torch.float32)
+    seqs = Seqs(_prompts([9, 300, 2]), 4)
+    with torch.inference_mode():
+        new = eager.forward(seqs.prefill()).logits.argmax(dim=-1).tolist()
+        fused.forward(seqs.prefill())
+        for _ in range(2):
+            batch = seqs.decode(new)
+            want = eager.forward(batch)
+            assert torch.equal(fused.forward(batch).logits, want.logits)
+            new = want.logits.argmax(dim=-1).tolist()
+
+
 def test_qkv_bias_and_tied_head(tiny_qwen2_dir: Path) -> None:
     """Qwen2: q/k/v carry a bias; the head is the (quantized) embedding table."""
     model = _model(tiny_qwen2_dir, "int8")

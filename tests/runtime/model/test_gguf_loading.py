@@ -42,14 +42,18 @@ def default_gguf() -> Any:
 
 
 def write_gguf(path: Path, source: GGUFFile, qtype: str = "Q8_0", drop: tuple[str, ...] = (),
-               ffn_in_metadata: int | None = None, arch: str = "llama") -> Path:
-    """A 2-layer Llama (hidden 64, 4/2 heads, FFN 128, untied head) of random weights in
-    ``qtype`` blocks (norms F32), with ``source``'s tokenizer; ``drop``: tensors left
-    out; ``ffn_in_metadata``: a feed_forward_length that contradicts the tensors."""
+               ffn_in_metadata: int | None = None, arch: str = "llama", tiny: dict[str, int] = TINY,
+               q6_k: tuple[str, ...] = ()) -> Path:
+    """A 2-layer Llama (``tiny``: hidden 64, 4/2 heads of 16, FFN 128, untied head) of random
+    weights in ``qtype`` blocks (norms F32), with ``source``'s tokenizer; ``drop``: tensors
+    left out; ``ffn_in_metadata``: a feed_forward_length that contradicts the tensors;
+    ``q6_k``: tensors (name stems, e.g. "ffn_down") written in Q6_K instead."""
     import gguf
 
+    from kernels.reference import q6_k as Q6
+
     rng = np.random.default_rng(0)
-    t = TINY
+    t = tiny
     vocab = len(source.metadata["tokenizer.ggml.tokens"])
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(t["layers"])
@@ -84,6 +88,9 @@ def write_gguf(path: Path, source: GGUFFile, qtype: str = "Q8_0", drop: tuple[st
             continue
         if len(shape) == 1:
             w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32))
+        elif any(f"{stem}.weight" in name for stem in q6_k):
+            codes, d = Q6.quantize(torch.from_numpy(0.1 * rng.standard_normal(shape)).float())
+            w.add_tensor(name, Q6.to_blocks(codes, d).numpy(), raw_dtype=gguf.GGMLQuantizationType.Q6_K)
         else:
             values = (0.1 * rng.standard_normal(shape)).astype(np.float32)
             w.add_tensor(name, gguf.quants.quantize(values, kind), raw_dtype=kind)
@@ -281,6 +288,39 @@ def test_the_planned_weight_bytes_are_the_loaded_ones(tiny_gguf: Path) -> None:
     assert parameter_count(cfg) == 2 * v * h + h + 2 * (2 * h + h * 64 * 2 + 2 * h * 32 + 3 * h * f)
 
 
+def test_q6_k_tensors_are_held_as_stored(tmp_path: Path, default_gguf: GGUFFile) -> None:
+    """A K-quant mix's Q6_K tensors (here ffn_down, output and attn_v; the rest Q8_0):
+    where the kernels read tiles, down and the head stay 6-bit (tiled), v beside Q8_0 q and
+    k becomes int8 in groups of 32; every weight is the file's (gguf's dequantization, v
+    within its int8 step); the planned bytes are the loaded ones; the engine decodes."""
+    import kernels
+    from kernels.reference.quant import dequantize
+
+    path = write_gguf(tmp_path / "q6k.gguf", default_gguf, tiny={**TINY, "hidden": 256, "heads": 16, "kv_heads": 8,
+                                                                 "ffn": 512}, q6_k=("ffn_down", "output", "attn_v"))
+    gguf = GGUFFile(path)
+    cfg = hf_config(gguf)
+    fp32 = gguf_state_dict(gguf, ModelArgs.from_hf_config(cfg))
+    engine_setup.enable_cpu_kernels()
+    planned = weights_nbytes(cfg, "gguf", gguf)
+    gguf.close()
+    with Engine(model=str(path), num_pages=64) as engine:
+        model = engine.model
+        down, head, qkv = model.layers[1].mlp.down_proj.weight, model.lm_head.weight, model.layers[1].self_attn.qkv_proj.weight
+        assert (down.bits, head.bits) == ((6, 6) if kernels.reads_tiles() else (8, 8))
+        assert (qkv.bits, qkv.blocks_per_group) == (8, 1)
+        if kernels.reads_tiles():
+            assert down.tiled and head.tiled
+            assert torch.equal(dequantize(down), fp32["layers.1.mlp.down_proj.weight"])
+            assert torch.equal(dequantize(head), fp32["lm_head.weight"])
+        v = fp32["layers.1.self_attn.qkv_proj.weight"][-128:]
+        assert ((dequantize(qkv)[-128:] - v).abs().max() <= v.abs().max() / 127).item()
+        norms = sum(p.numel() * 4 for p in model.parameters())
+        assert quantized_nbytes(model) + norms == planned
+        params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
+        assert len(engine.generate(["Hello"], params)[0].token_ids) == 4
+
+
 def test_the_default_kv_pool_holds_what_the_engine_serves(monkeypatch: pytest.MonkeyPatch) -> None:
     """Neither num_pages nor mem_fraction: max_running_requests x max_model_len tokens
     (+ the padding page), within the default share of free memory."""
@@ -348,3 +388,35 @@ def test_the_default_models_blocks_load_tiled_as_before(default_gguf: GGUFFile) 
     for name in ("layers.3.self_attn.qkv_proj", "layers.7.mlp.gate_up_proj", "layers.0.mlp.down_proj"):
         a, b = direct.get_submodule(name).weight, via_rows.get_submodule(name).weight
         assert a.tiled and b.tiled and torch.equal(a.codes, b.codes) and torch.equal(a.scales, b.scales)
+
+
+def test_q4_k_parts_go_straight_to_the_tiled_layout(tmp_path: Path) -> None:
+    """A fused weight of Q4_K parts (the first un-permuted, as q is) from the map in one C
+    pass equals the parts converted to rows, stacked and then tiled."""
+    import gguf as gguf_py
+
+    import kernels
+    from kernels.reference.quant import tile
+    from runtime.model.gguf_weights import GGUFTensors, _unpermute_rows
+
+    engine_setup.enable_cpu_kernels()
+    if not kernels.reads_tiles():
+        pytest.skip("environment: the C kernels here do not read tiles (no AVX-512 VNNI)")
+    rng = np.random.default_rng(2)
+    w = gguf_py.GGUFWriter(str(tmp_path / "q4k.gguf"), "llama")
+    for name, rows in (("a", 64), ("b", 32)):
+        raw = rng.integers(0, 256, (rows, 2, 144), dtype=np.uint8)
+        raw[:, :, :4] = rng.uniform(1e-4, 2e-2, (rows, 2, 2)).astype(np.float16).view(np.uint8).reshape(rows, 2, 4)
+        w.add_tensor(name, raw.reshape(rows, -1), raw_dtype=gguf_py.GGMLQuantizationType.Q4_K)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    source = GGUFFile(tmp_path / "q4k.gguf")
+    order = _unpermute_rows(4, 64)
+    direct = GGUFTensors(source, tiles=True).stacked(["a", "b"], [order, None])
+    via_rows = tile(GGUFTensors(source).stacked(["a", "b"], [order, None]))
+    source.close()
+    assert direct.tiled and (direct.bits, direct.out_features, direct.in_features) == (4, 96, 512)
+    for field in ("codes", "scales", "offsets"):
+        assert torch.equal(getattr(direct, field), getattr(via_rows, field)), field
