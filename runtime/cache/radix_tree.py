@@ -251,22 +251,22 @@ class RadixTree(PrefixCache):
         for stale in self.retention.expired(retention.owner):
             if stale is not session:
                 self._drop(stale)
-        if node is None:
+        if node is None or node.parent is None:  # nothing of it is cached
             return False
+        if any(self._is_ancestor(node, p) for p in session.pins):
+            return True  # already held: by this very pin (fork branches share it) or a deeper one
         # Pins this one extends (an agent's previous turn) are covered by it: replaced.
         kept = [p for p in session.pins if not self._is_ancestor(p, node)]
-        if not any(self._is_ancestor(node, p) for p in kept):
-            others = [p for s in self.retention.of_owner(retention.owner) if s is not session for p in s.pins]
-            pages = self._path_pages([*others, *kept, node])
-            if pages > self.retention_max_pages:
-                self.retention.refuse(session, pages, self.retention_max_pages)
-                return False
-            self._pin_path(node, +1)
-            kept.append(node)
+        others = [p for s in self.retention.of_owner(retention.owner) if s is not session for p in s.pins]
+        pages = self._path_pages([*others, *kept, node])
+        if pages > self.retention_max_pages:
+            self.retention.refuse(session, pages, self.retention_max_pages)
+            return False
+        self._pin_path(node, +1)
         for p in session.pins:
             if p not in kept:
                 self._pin_path(p, -1)
-        session.pins = kept
+        session.pins = [*kept, node]
         return True
 
     @_whole_move

@@ -180,3 +180,17 @@ def test_an_ended_session_demotes_its_own_tail_not_a_shared_ancestor() -> None:
     assert tree.evict(2) == 2  # then plain LRU: [7 8], not the recently used [1 2]
     assert (cached(tree, [7, 8]), cached(tree, [1, 2, 3, 4])) == (0, 2)
     tree.check_integrity()
+
+
+def test_the_same_prefix_retained_twice_is_pinned_once() -> None:
+    """Fork branches of one run finish on the same cached prefix: one pin, released once."""
+    pool, tree, _ = make()
+    insert(pool, tree, [1, 2, 3])
+    assert tree.retain(hint("run"), [1, 2, 3])
+    assert tree.retain(hint("run"), [1, 2, 3])
+    assert tree.retain(hint("run"), [1, 2])  # covered by the deeper pin
+    tree.check_integrity()
+    assert len(tree.retention.sessions["run"].pins) == 1 and tree.num_retained_pages == 3
+    assert tree.release("run") == 3
+    assert tree.num_retained_pages == 0
+    tree.check_integrity()
