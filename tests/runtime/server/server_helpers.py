@@ -2,18 +2,48 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 API_KEY = "test-key"
+REPO = Path(__file__).resolve().parents[3]
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def start_server(model_dir: Path, *flags: str) -> tuple[subprocess.Popen[bytes], str]:
+    """``arbor serve`` on 127.0.0.1 in a child process; returns it and its URL once healthy.
+    ``flags`` come last, so they override the defaults here."""
+    import httpx
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "runtime.cli", "serve", "--model", str(model_dir), "--host", "127.0.0.1",
+           "--port", str(port), "--num-threads", "1", "--num-pages", "2048", "--max-model-len", "1024",
+           "--log-level", "warning", "--served-model-name", "m", *flags]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited: {proc.stdout.read().decode() if proc.stdout else ''}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("server did not start")
 
 
 class LiveServer:

@@ -4,10 +4,7 @@ request in flight finishes, a long one is aborted at the deadline, the process e
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -15,31 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from server_helpers import free_port
-
-REPO = Path(__file__).resolve().parents[3]
-
-
-def start_server(model_dir: Path, *flags: str) -> tuple[subprocess.Popen[bytes], str]:
-    """``arbor serve`` on 127.0.0.1 in a child process; returns it and its URL once healthy."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "runtime.cli", "serve", "--model", str(model_dir), "--host", "127.0.0.1",
-           "--port", str(port), "--num-threads", "1", "--num-pages", "2048", "--max-model-len", "1024",
-           "--log-level", "warning", "--served-model-name", "m", *flags]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"server exited: {proc.stdout.read().decode() if proc.stdout else ''}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise AssertionError("server did not start")
+from server_helpers import start_server
 
 
 def stops_listening(url: str, within: float) -> bool:

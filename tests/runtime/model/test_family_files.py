@@ -1,0 +1,111 @@
+"""What a family's own files carry, end to end: the tokenizer read from a GGUF gives
+transformers' token ids on a multilingual and code text set, and ``arbor serve`` on a
+family's GGUF answers an OpenAI chat call with the file's chat template, stopping on the
+file's stop token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from family_models import hf_greedy, write_family_gguf
+from test_families import GEMMA_TEMPLATE, GGUF_ARCH, _save
+
+from runtime.model.gguf_file import GGUFFile
+from runtime.model.gguf_tokenizer import gguf_tokenizer
+from runtime.model.loader import gguf_file, resolve_model_dir
+from tests.runtime.server.server_helpers import start_server
+
+# English, German, French, Chinese, Japanese, Russian, Arabic, emoji (skin tone, ZWJ
+# family, a flag), Python, JSON, runs of spaces / tabs / newlines, and edge cases
+# (empty, only whitespace, the special tokens written as text).
+MULTILINGUAL = [
+    "The quick brown fox jumps over the lazy dog. It's 3:45 p.m., isn't it?",
+    "Größere Straßenbahnhaltestellen müssen barrierefrei sein, oder? Übermäßig!",
+    "L'été dernier, nous sommes allés à Marseille — c'était génial ! « Très » bien.",
+    "人工智能正在改变世界。我们今天去北京吧！",
+    "吾輩は猫である。名前はまだ無い。カタカナとひらがな、ｶﾀｶﾅ。",
+    "Съешь же ещё этих мягких французских булок, да выпей чаю.",
+    "اللغة العربية جميلة جدا، أليس كذلك؟ ١٢٣",
+    "emoji 😀👍🏽👨‍👩‍👧‍👦🇩🇪 ✨🤖",
+    "import json\n\n\nclass A:\n    def f(self, x: int) -> int:\n        return x ** 2  # square\n",
+    '{"name": "Arbor", "tags": ["a", "b"], "n": 1.5e3, "ok": true, "nested": {"k": null}}',
+    "a    b\t\t\tc\n\n\n\n  d      \n", "   ", "\n", "", " x", "x ", "\r\n\r\n",
+    "<|im_start|>user\nhi<|im_end|>\n", "<|endoftext|>",
+]
+
+
+def test_the_gguf_tokenizer_equals_transformers_on_many_languages_and_code() -> None:
+    """The default model's GGUF tokenizer against transformers' tokenizer of the same
+    model (its tokenizer.json): equal ids, decoding that round-trips the text, and
+    decoding equal to transformers' (special tokens kept)."""
+    from transformers import AutoTokenizer
+
+    file = GGUFFile(gguf_file("default"))
+    try:
+        ours = gguf_tokenizer(file)
+    finally:
+        file.close()
+    ref = AutoTokenizer.from_pretrained(str(resolve_model_dir("default")))
+    for text in MULTILINGUAL:
+        ids = ours(text)["input_ids"]
+        assert ids == ref(text)["input_ids"], text
+        assert ours.decode(ids) == text, text
+        assert ours.decode(ids, skip_special_tokens=True) == ref.decode(ids, skip_special_tokens=True), text
+    batch = ours(MULTILINGUAL)["input_ids"]
+    assert batch == ref(MULTILINGUAL)["input_ids"]
+
+
+# ---- arbor serve on a family's GGUF ------------------------------------------------------
+MESSAGES: list[Any] = [{"role": "user", "content": "Name a colour."}]
+STOP_AT = 3  # the greedy token generated at this step is written as the file's end-of-turn id
+
+
+@pytest.fixture(scope="module")
+def default_gguf() -> Iterator[GGUFFile]:
+    file = GGUFFile(gguf_file("default"))
+    yield file
+    file.close()
+
+
+@pytest.mark.parametrize(("name", "template"), [("qwen3", None), ("gemma3", GEMMA_TEMPLATE)])
+def test_arbor_serve_uses_the_files_template_and_stop_token(name: str, template: str | None, tmp_path: Path,
+                                                            default_gguf: GGUFFile) -> None:
+    """A Qwen 3 file (ChatML, the template Qwen's files carry) and a Gemma 3 file (Gemma's
+    turns) served by a real ``arbor serve``: the chat call's prompt is exactly the file's
+    template rendered by the file's tokenizer (its token count, and a greedy answer equal to
+    transformers' continuation of that rendering), and generation ends with "stop" on
+    the file's ``tokenizer.ggml.eot_token_id``, which is not the EOS id."""
+    import openai
+
+    hf_dir = _save(name, tmp_path / "hf")
+    arch, permute = GGUF_ARCH[name]
+    probe = GGUFFile(write_family_gguf(hf_dir, tmp_path / "probe.gguf", arch, default_gguf,
+                                       permute_qk=permute, chat_template=template))
+    try:
+        tokenizer = gguf_tokenizer(probe)
+    finally:
+        probe.close()
+    rendered = tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    assert rendered.endswith("<start_of_turn>model\n" if template else "<|im_start|>assistant\n")
+    ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    want, _ = hf_greedy(hf_dir, ids, 8)
+    stop = want[STOP_AT]
+    assert stop != 2, "the stop token must differ from EOS (the test would not show the file's own)"
+    end = min(i for i, t in enumerate(want) if t in (stop, 2))
+    path = write_family_gguf(hf_dir, tmp_path / f"{name}.gguf", arch, default_gguf, permute_qk=permute,
+                             chat_template=template, metadata={"tokenizer.ggml.eot_token_id": stop})
+    proc, url = start_server(path, "--num-pages", "256", "--max-model-len", "256")
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        got = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=16, temperature=0)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert got.usage is not None and got.usage.prompt_tokens == len(ids)
+    assert got.choices[0].finish_reason == "stop"
+    assert got.usage.completion_tokens in (end, end + 1)  # the stop token counted or not
+    assert got.choices[0].message.content == tokenizer.decode(want[:end], skip_special_tokens=True)
