@@ -69,3 +69,14 @@ def test_the_engine_still_generates_and_keeps_its_pages(engine: Any) -> None:
 def test_bad_inputs_are_refused(engine: Any, inputs: list[list[int]], error: type[Exception]) -> None:
     with pytest.raises(error):
         engine.embed(inputs)
+
+
+def test_a_qwen2_embedding_equals_transformers(tiny_qwen2_dir: Path) -> None:
+    """Tied embeddings and q/k/v bias: the hidden state is the family's, before any head."""
+    eng = Engine(model=str(tiny_qwen2_dir), num_pages=64, max_model_len=64, num_threads=1, seed=0, weights="fp32")
+    try:
+        got = eng.embed(INPUTS[:2])
+    finally:
+        eng.close()
+    for row, ids in zip(got, INPUTS[:2], strict=True):
+        torch.testing.assert_close(row, transformers_embedding(tiny_qwen2_dir, ids), atol=1e-4, rtol=1e-4)
