@@ -367,6 +367,34 @@ class Engine:
         with self._core.between_steps():
             return on_own_thread(lambda: self._scorer.logits(ids))
 
+    def embed(self, inputs: list[list[int]]) -> torch.Tensor:  # [len(inputs), hidden] fp32
+        """Embeddings of token sequences: the final-norm hidden state of each one's last
+        token (decoder embedding models pool so: only the last token has seen them all),
+        L2-normalized. Nothing is generated; the model runs between two steps, on a KV
+        pool of its own, in passes of at most ``max_model_len`` tokens.
+
+        Raises:
+            InvalidRequestError / PromptTooLongError: no inputs, or one empty,
+                out-of-vocabulary or too long.
+        """
+        if self._tp is not None:
+            raise InvalidRequestError("embed() runs the model outside the step loop, which the "
+                                      "tensor-parallel ranks do not follow: use tensor_parallel_size=1")
+        if not inputs:
+            raise InvalidRequestError("nothing to embed: the input list is empty")
+        seqs = [self._prompt_ids(None, ids) for ids in inputs]
+        for ids in seqs:
+            if len(ids) > self.max_model_len:
+                raise PromptTooLongError(f"an input has {len(ids)} tokens; max_model_len is {self.max_model_len}")
+        passes: list[list[list[int]]] = [[]]
+        for ids in seqs:
+            if passes[-1] and sum(map(len, passes[-1])) + len(ids) > self.max_model_len:
+                passes.append([])
+            passes[-1].append(ids)
+        with self._core.between_steps():
+            hidden = on_own_thread(lambda: torch.cat([self._scorer.last_hidden(p) for p in passes]))
+        return torch.nn.functional.normalize(hidden.float(), dim=-1)
+
     def end_session(self, session_id: str) -> None:
         """A retention session ended (a DSL run, an HTTP caller's session): its pinned
         prefixes are released on the engine's next step (``runtime/cache/retention.py``)."""

@@ -275,6 +275,24 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
         logits_idx: torch.Tensor,  # [N] int64, rows of T that need logits
     ) -> torch.Tensor:  # [N, vocab] float32
+        h = self.hidden_states(input_ids, positions, meta, logits_idx)
+        if self.lm_head is None:  # tied, not prepacked nor quantized
+            assert isinstance(self.embed_tokens, nn.Embedding)
+            logits = F.linear(h, self.embed_tokens.weight).float()
+        else:
+            logits = self.lm_head(h).float()
+        cap = self.args.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    @torch.inference_mode()
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,  # [T] int64
+        positions: torch.Tensor,  # [T] int64
+        meta: AttentionMetadata,
+        rows: torch.Tensor,  # [N] int64, rows of T wanted
+    ) -> torch.Tensor:  # [N, hidden] in the model's dtype
+        """The final norm's output at ``rows``: what the LM head reads (embeddings pool it)."""
         h = self.embed_tokens(input_ids)
         if self.args.embed_scale is not None:
             h = h * torch.tensor(self.args.embed_scale, dtype=h.dtype)
@@ -285,14 +303,8 @@ class LlamaForCausalLM(nn.Module):
             assert isinstance(layer, DecoderLayer)
             h, residual = layer(h, residual, rope if layer.self_attn.window is None else local, meta)
         assert residual is not None, "a model has at least one layer"
-        h, _ = self.norm.add_and_norm(h.index_select(0, logits_idx), residual.index_select(0, logits_idx))
-        if self.lm_head is None:  # tied, not prepacked nor quantized
-            assert isinstance(self.embed_tokens, nn.Embedding)
-            logits = F.linear(h, self.embed_tokens.weight).float()
-        else:
-            logits = self.lm_head(h).float()
-        cap = self.args.final_softcap
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        h, _ = self.norm.add_and_norm(h.index_select(0, rows), residual.index_select(0, rows))
+        return h
 
     def build_rope(self, max_positions: int) -> None:
         """The rotary tables for ``max_positions`` (real buffers, after a meta-device build)."""

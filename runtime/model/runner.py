@@ -70,6 +70,16 @@ class ModelRunner:
         return ForwardOutput([s.request_id for s, _ in sampled], logits[:n_sample], prompt_lp,
                              verify_logits)
 
+    def last_hidden(self, batch: ForwardBatch) -> torch.Tensor:  # [len(batch.extend), hidden] on the CPU
+        """The final-norm hidden state of each extend seq's last token; nothing is sampled
+        (the embeddings path: the seqs are whole prompts, ``batch.decode`` is empty)."""
+        assert not batch.decode, "hidden states of prefill seqs only"
+        input_ids, positions, slots = self._token_tensors(batch)
+        offsets = _row_offsets(batch.extend)
+        rows = [o + len(s.token_ids) - 1 for s, o in zip(batch.extend, offsets, strict=True)]
+        index = torch.tensor(rows, dtype=torch.long).to(self.device)
+        return self.model.hidden_states(input_ids, positions, self._metadata(batch, slots), index).cpu()
+
     def _forward_fused(self, seqs: tuple[ForwardSeq, ...]) -> ForwardOutput:
         """Every seq decodes one token and samples after it (decode seqs always do)."""
         assert self.fused is not None

@@ -19,7 +19,7 @@ import torch
 from runtime.model.kv_cache import KVCache
 from runtime.model.llama import LlamaForCausalLM
 from runtime.model.runner import ModelRunner
-from runtime.scheduler.batch import ForwardBatch, ForwardSeq
+from runtime.scheduler.batch import ForwardBatch, ForwardSeq, LogitsWanted
 
 
 class Scorer:
@@ -38,11 +38,31 @@ class Scorer:
         """
         if not token_ids:
             raise ValueError("nothing to score: the sequence is empty")
-        num_pages = -(-len(token_ids) // self.page_size)
-        args = self.model.args
-        kv = KVCache(args.num_layers, num_pages + 1, self.page_size, args.num_kv_heads, args.head_dim,
-                     self.kv_dtype, self.device)  # page 0: padding
-        seq = ForwardSeq("score", tuple(token_ids), 0, tuple(range(1, num_pages + 1)), "all")
+        runner, (seq,) = self._prefill([token_ids], "all")
         with torch.inference_mode():
-            out = ModelRunner(self.model, kv, self.device).forward(ForwardBatch((seq,), ()))
-        return out.verify_logits["score"]
+            out = runner.forward(ForwardBatch((seq,), ()))
+        return out.verify_logits["0"]
+
+    def last_hidden(self, sequences: Sequence[Sequence[int]]) -> torch.Tensor:  # [B, hidden] on the CPU
+        """The final-norm hidden state of each sequence's last token, all in one prefill
+        pass (the embeddings path: no logits, nothing sampled).
+
+        Raises:
+            ValueError: no sequences, or an empty one.
+        """
+        if not sequences or not all(sequences):
+            raise ValueError("nothing to embed: no sequences, or an empty one")
+        runner, seqs = self._prefill(sequences, "none")
+        with torch.inference_mode():
+            return runner.last_hidden(ForwardBatch(tuple(seqs), ()))
+
+    def _prefill(self, sequences: Sequence[Sequence[int]], logits: LogitsWanted) -> tuple[ModelRunner, list[ForwardSeq]]:
+        """A runner over a KV pool of its own that holds exactly ``sequences``, and their seqs."""
+        pages = [-(-len(ids) // self.page_size) for ids in sequences]
+        args = self.model.args
+        kv = KVCache(args.num_layers, sum(pages) + 1, self.page_size, args.num_kv_heads, args.head_dim,
+                     self.kv_dtype, self.device)  # page 0: padding
+        firsts = [1 + sum(pages[:i]) for i in range(len(pages))]
+        seqs = [ForwardSeq(str(i), tuple(ids), 0, tuple(range(first, first + n)), logits)
+                for i, (ids, first, n) in enumerate(zip(sequences, firsts, pages, strict=True))]
+        return ModelRunner(self.model, kv, self.device), seqs

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 
 from runtime.engine import Engine
 from runtime.server import native_api, openai_api, programs_api, ui
-from runtime.server.api import anthropic_routes, responses_routes, sglang_routes
+from runtime.server.api import anthropic_routes, embeddings_routes, responses_routes, sglang_routes
 from runtime.server.auth import UI_COOKIE, ApiKeyMiddleware, ui_token
 from runtime.server.errors import install_error_handlers
 from runtime.server.hosting import HostedProgram
@@ -69,6 +69,7 @@ def create_app(
     app.include_router(openai_api.build_router(ctx))
     app.include_router(responses_routes.build_router(ctx))
     app.include_router(anthropic_routes.build_router(ctx))
+    app.include_router(embeddings_routes.build_router(ctx))
     app.include_router(programs_api.build_router(ctx))
     app.include_router(programs_api.build_router(ctx), prefix="/ui/api")  # the page's form (cookie auth)
     app.include_router(ui.build_router(ctx, api_key, UI_COOKIE, ui_token(api_key) if api_key else None))
