@@ -41,6 +41,11 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                        help="a request that would wait longer than this many seconds for its first token, "
                             "by the server's measured pace, is refused at once with 429 and Retry-After; "
                             f"'none': no such bound (default {defaults.max_queue_wait_s:g})")
+    group.add_argument("--queue-wait-share", type=float, default=defaults.queue_wait_deadline_share,
+                       help="a request that would wait for its first token longer than this share of its own "
+                            "deadline (its timeout, else --request-timeout) is refused at once with 429 and "
+                            "Retry-After "
+                            f"(default {defaults.queue_wait_deadline_share:g})")
     group.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes,
                        help=f"largest request body accepted; beyond, 413 (default {defaults.max_body_bytes})")
     group.add_argument("--max-tokens-limit", type=int, default=defaults.max_tokens,
@@ -79,7 +84,8 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
                         tenant_tokens_per_minute=args.tenant_tokens_per_minute,
                         shutdown_timeout_s=args.shutdown_timeout,
                         unknown_fields=args.unknown_fields, body_timeout_s=args.body_timeout,
-                        max_queue_wait_s=args.max_queue_wait)
+                        max_queue_wait_s=args.max_queue_wait,
+                        queue_wait_deadline_share=args.queue_wait_share)
 
 
 def _seconds_or_none(text: str) -> float | None:

@@ -3,7 +3,8 @@
 The server counts the requests it has in flight (admitted, not yet answered). Beyond
 ``max_inflight`` a new request is refused with 429 at once, and so is one that would wait
 longer than ``max_queue_wait_s`` for its first token by the server's measured pace
-(``queue_wait.QueueWaitEstimator``): past saturation the answer is a prompt 429 with
+(``queue_wait.QueueWaitEstimator``), or longer than ``queue_wait_deadline_share`` of its
+own deadline (so what is admitted has the rest of its deadline to generate): past saturation the answer is a prompt 429 with
 ``Retry-After``, not an admission that times out later. When too many admitted requests
 are still waiting for their first token (``max_waiting``, the bound while the pace is not
 yet known) or the engine is closing, the answer is 503. Nothing queues without bound.
@@ -54,6 +55,10 @@ class ServerLimits:
     # A request that would wait longer than this for its first token, by the server's
     # measured pace (queue_wait.py), is refused with 429 at once; None: no such bound.
     max_queue_wait_s: float | None = 30.0
+    # ... or longer than this share of its own deadline (its timeout, else
+    # request_timeout_s): a request admitted at the edge of its deadline would time out
+    # while generating, after holding a slot and its KV pages (docs/operations-limits.md).
+    queue_wait_deadline_share: float = 0.25
 
     def __post_init__(self) -> None:
         for name in ("max_inflight", "max_waiting", "max_body_bytes", "max_tokens",
@@ -70,6 +75,9 @@ class ServerLimits:
             raise InvalidRequestError(f"shutdown_timeout_s must be >= 0, got {self.shutdown_timeout_s!r}")
         if not self.body_timeout_s > 0:
             raise InvalidRequestError(f"body_timeout_s must be > 0, got {self.body_timeout_s!r}")
+        if not 0 < self.queue_wait_deadline_share <= 1:
+            raise InvalidRequestError("queue_wait_deadline_share must be in (0, 1], got "
+                                      f"{self.queue_wait_deadline_share!r}")
         for name in ("request_timeout_s", "program_timeout_s", "max_queue_wait_s"):
             value = getattr(self, name)
             if value is not None and not value > 0:
@@ -127,9 +135,10 @@ class AdmissionGate:
         if first_token:
             self.queue_wait.first_token()
 
-    def admit(self, caller: Caller = ANONYMOUS, tokens: int = 0) -> None:
+    def admit(self, caller: Caller = ANONYMOUS, tokens: int = 0, deadline_s: float | None = None) -> None:
         """Take one in-flight slot (and ``tokens`` of the caller's tenant) or raise
-        ``Overloaded``; pair with ``release``."""
+        ``Overloaded``; pair with ``release``. ``deadline_s``: the request's own timeout
+        (``ServerLimits.deadline``); None: no deadline."""
         if self.closing:
             raise Overloaded(503, "the server is shutting down", retry_after=None)
         if self.num_waiting >= self.limits.max_waiting:
@@ -138,7 +147,7 @@ class AdmissionGate:
         if self.num_inflight >= self.limits.max_inflight:
             raise Overloaded(429, f"too many requests in flight (limit {self.limits.max_inflight}); "
                                   "retry later")
-        self._check_queue_wait()
+        self._check_queue_wait(deadline_s)
         try:
             self.tenants.acquire(caller.tenant, tokens)
         except TenantLimitError as exc:
@@ -149,14 +158,22 @@ class AdmissionGate:
         self.num_inflight -= 1
         self.tenants.release(caller.tenant, unused_tokens)
 
-    def _check_queue_wait(self) -> None:
-        bound = self.limits.max_queue_wait_s
+    def _check_queue_wait(self, deadline_s: float | None) -> None:
         wait = self.expected_wait()
-        if bound is None or wait is None or wait <= bound:
+        if wait is None:
+            return
+        bound, limit = self.limits.max_queue_wait_s, ""
+        if bound is not None:
+            limit = f"limit {bound:g} s"
+        if deadline_s is not None:
+            share = self.limits.queue_wait_deadline_share
+            if bound is None or share * deadline_s < bound:
+                bound, limit = share * deadline_s, f"limit {share:g} of its {deadline_s:g} s deadline"
+        if bound is None or wait <= bound:
             return
         # NOTE: Retry-After is when the queue ahead should have drained back under the bound.
         raise Overloaded(429, f"the server is saturated: a new request would wait about {wait:.0f} s "
-                              f"for its first token (limit {bound:g} s); retry later",
+                              f"for its first token ({limit}); retry later",
                          retry_after=float(max(1, math.ceil(wait - bound))))
 
 

@@ -157,9 +157,12 @@ class ChatEndpoint(Endpoint):
         data["choices"][0]["finish_reason"] = finish  # present (null) on every chunk, as OpenAI does
         return data
 
+    def prompt_lens(self) -> list[int]:
+        return [len(self.prompt_ids)]
+
     def usage_chunk(self, finals: list[RequestOutput]) -> dict[str, Any]:
         chunk = ChatCompletionChunk(id=self.id, model=self.model, choices=[],
-                                    usage=usage([len(self.prompt_ids)], finals))
+                                    usage=usage(self.prompt_lens(), finals))
         return chunk.model_dump(exclude_none=True)
 
     def _logprobs(self, token_ids: list[int], out: RequestOutput) -> ChoiceLogprobs | None:

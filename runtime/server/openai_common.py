@@ -95,14 +95,21 @@ class Endpoint:
 
     async def _events(self, streams: list[EngineStream]) -> AsyncIterator[str]:
         finals: dict[int, RequestOutput] = {}
+        latest: dict[int, RequestOutput] = {}  # each choice's last output, for the usage so far
+        options = self.body.stream_options
+        continuous = options is not None and options.include_usage and options.continuous_usage_stats
         try:
             async for index, out in _merge(streams):
                 raise_if_failed(self.ctx, out)
+                latest[index] = out
+                so_far = usage_so_far(self.prompt_lens(), list(latest.values())) if continuous else None
                 for payload in self.chunks(index, out):
+                    if so_far is not None:
+                        payload["usage"] = so_far
                     yield sse(payload)
                 if out.finished:
                     finals[index] = out
-            if self.body.stream_options is not None and self.body.stream_options.include_usage:
+            if options is not None and options.include_usage:
                 yield sse(self.usage_chunk([finals[i] for i in sorted(finals)]))
             self.ctx.metrics.requests.labels(self.name + "_stream", "200").inc()
         except Exception as exc:  # the status line is gone: report in-band
@@ -113,6 +120,10 @@ class Endpoint:
         raise NotImplementedError
 
     def usage_chunk(self, finals: list[RequestOutput]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def prompt_lens(self) -> list[int]:
+        """The token count of each prompt, in job order."""
         raise NotImplementedError
 
 
@@ -160,6 +171,14 @@ def usage(prompt_lens: list[int], finals: list[RequestOutput]) -> Usage:
     cached = sum(max(o.num_cached_tokens for o in finals[i * n:(i + 1) * n]) for i in range(len(prompt_lens)))
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
                  prompt_tokens_details={"cached_tokens": cached})
+
+
+def usage_so_far(prompt_lens: list[int], outs: list[RequestOutput]) -> dict[str, int]:
+    """``stream_options.continuous_usage_stats``' usage on a chunk: every prompt, and the
+    tokens generated so far by every choice that has started."""
+    prompt = sum(prompt_lens)
+    completion = sum(len(o.token_ids) for o in outs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def output_constraint(b: SamplingExtras, fmt: ResponseFormat | None) -> Any:

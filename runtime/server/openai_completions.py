@@ -70,9 +70,12 @@ class CompletionEndpoint(Endpoint):
         chunk = CompletionResponse(id=self.id, model=self.model, choices=[choice])
         return [chunk.model_dump(exclude_none=True)]
 
+    def prompt_lens(self) -> list[int]:
+        return [len(p) for p in self.prompts]
+
     def usage_chunk(self, finals: list[RequestOutput]) -> dict[str, Any]:
         chunk = CompletionResponse(id=self.id, model=self.model, choices=[],
-                                   usage=usage([len(p) for p in self.prompts], finals))
+                                   usage=usage(self.prompt_lens(), finals))
         return chunk.model_dump(exclude_none=True)
 
     def _echo(self, out: RequestOutput) -> str:

@@ -73,7 +73,7 @@ def build_router(ctx: ServerContext) -> APIRouter:
         args = _validate(program, body.arguments)
         timeout = ctx.limits.program_timeout_s if body.timeout is None else min(
             body.timeout, ctx.limits.program_timeout_s or body.timeout)
-        admission = Admission(ctx, caller_of(request.headers, cache_salt=body.cache_salt))
+        admission = Admission(ctx, caller_of(request.headers, cache_salt=body.cache_salt), timeout)
         run = _Run(ctx, program, args, timeout, admission, body.trace)
         if body.stream:
             return await _stream_run(run)

@@ -225,6 +225,9 @@ class RetentionHint(Strict):
 
 class StreamOptions(Lenient):
     include_usage: bool = False
+    # vLLM's extension (guidellm sends it): with include_usage, every chunk carries the
+    # usage so far
+    continuous_usage_stats: bool = False
 
 
 class SamplingExtras(Lenient):

@@ -96,17 +96,19 @@ def check_budget(engine: Engine, limits: ServerLimits, prompt_len: int, max_new_
 
 class Admission:
     """``async with Admission(ctx, caller):`` holds one in-flight slot for the block
-    (429/503 if none). ``charge`` bills the caller's tenant for tokens used meanwhile."""
+    (429/503 if none; ``deadline_s``: the run's own timeout, see ``AdmissionGate.admit``).
+    ``charge`` bills the caller's tenant for tokens used meanwhile."""
 
-    def __init__(self, ctx: ServerContext, caller: Caller) -> None:
+    def __init__(self, ctx: ServerContext, caller: Caller, deadline_s: float | None = None) -> None:
         self.gate = ctx.gate
         self.caller = caller
+        self.deadline_s = deadline_s
 
     def charge(self, tokens: int) -> None:
         self.gate.tenants.charge(self.caller.tenant, tokens)
 
     async def __aenter__(self) -> Admission:
-        self.gate.admit(self.caller)
+        self.gate.admit(self.caller, deadline_s=self.deadline_s)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -124,6 +126,7 @@ class StreamGroup:
                  caller: Caller) -> None:
         self.ctx = ctx
         self.caller = caller
+        self.timeout_s = timeout_s
         self.streams = [EngineStream(ctx, endpoint, ids, p, timeout_s, caller) for ids, p in jobs]
         # Tokens reserved from the tenant's budget: every prompt and every max_tokens.
         self.reserved = sum(len(ids) + p.max_new_tokens for ids, p in jobs)
@@ -137,7 +140,7 @@ class StreamGroup:
         constraints = {id(c): c for s in self.streams if (c := s.params.constraint) is not None}
         for constraint in constraints.values():
             await asyncio.wrap_future(self.ctx.engine.grammar_compiler.compile_async(constraint))
-        self.ctx.gate.admit(self.caller, self.reserved)
+        self.ctx.gate.admit(self.caller, self.reserved, deadline_s=self.timeout_s)
         self.admitted = True
         try:
             for stream in self.streams:

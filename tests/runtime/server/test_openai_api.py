@@ -60,6 +60,39 @@ def test_completion_stream_concatenates_to_the_full_text(client: openai.OpenAI, 
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
 
 
+def test_continuous_usage_stats_puts_the_usage_so_far_on_every_chunk(client: openai.OpenAI, engine: Any) -> None:
+    """vLLM's ``stream_options.continuous_usage_stats`` (guidellm sends it)."""
+    options: Any = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = list(client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=6, temperature=0,
+                                                 stream=True, stream_options=options))
+    prompt_len = len(engine.tokenizer(engine.apply_chat_template(MESSAGES))["input_ids"])
+    with_choices = [c for c in chunks if c.choices]
+    assert with_choices and all(c.usage is not None for c in with_choices)
+    done = [c.usage.completion_tokens for c in with_choices if c.usage is not None]
+    assert done == sorted(done) and done[0] >= 1 and done[-1] == 6
+    assert all(c.usage is not None and c.usage.prompt_tokens == prompt_len
+               and c.usage.total_tokens == prompt_len + c.usage.completion_tokens for c in with_choices)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6  # the final usage chunk
+    # two prompts, two choices each: the usage covers every prompt and every choice so far
+    chunks = list(client.completions.create(model="m", prompt=[PROMPT, PROMPT + " and"], max_tokens=3,
+                                            temperature=0, n=2, stream=True, stream_options=options))
+    done = [c.usage.completion_tokens for c in chunks if c.choices and c.usage is not None]
+    final = chunks[-1].usage
+    assert final is not None and not chunks[-1].choices
+    assert len(done) == len([c for c in chunks if c.choices]) and done == sorted(done)
+    assert done[-1] == final.completion_tokens and final.completion_tokens > 6  # more than one choice counted
+    prompts = sum(len(engine.tokenizer(p)["input_ids"]) for p in (PROMPT, PROMPT + " and"))
+    assert {c.usage.prompt_tokens for c in chunks if c.usage is not None} == {prompts}
+
+
+def test_continuous_usage_stats_needs_include_usage(client: openai.OpenAI) -> None:
+    """As on vLLM: without ``include_usage`` no chunk carries usage."""
+    options: Any = {"continuous_usage_stats": True}
+    chunks = list(client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=3, temperature=0,
+                                                 stream=True, stream_options=options))
+    assert chunks and all(c.usage is None for c in chunks)
+
+
 def test_chat_completion_and_n_with_seed(client: openai.OpenAI, engine: Any) -> None:
     got = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=5, temperature=0)
     prompt = engine.apply_chat_template(MESSAGES)

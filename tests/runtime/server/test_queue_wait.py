@@ -108,6 +108,45 @@ def test_the_gate_refuses_past_the_bound_with_429_and_retry_after() -> None:
     assert gate.num_inflight == 1
 
 
+def test_the_gate_refuses_a_wait_past_a_share_of_the_request_s_own_deadline() -> None:
+    gate = saturated_gate(bound=30.0)  # expected wait 21 s: under the server's bound
+    share = gate.limits.queue_wait_deadline_share
+    assert share == 0.25
+    gate.admit(deadline_s=600.0)  # the server's default deadline: 150 s, the 30 s bound rules
+    gate.admit()  # no deadline at all
+    with pytest.raises(Overloaded) as err:  # 21 s of a 60 s deadline is past its quarter (15 s)
+        gate.admit(deadline_s=60.0)
+    assert err.value.status == 429 and err.value.retry_after == 6.0  # ceil(21 - 15)
+    assert "would wait about 21 s for its first token (limit 0.25 of its 60 s deadline)" in str(err.value)
+    assert gate.num_inflight == 2  # nothing taken by the refusal
+    gate.admit(deadline_s=84.0)  # exactly a quarter: admitted
+    no_bound = saturated_gate(bound=None)  # the share applies without a server bound too
+    with pytest.raises(Overloaded, match="limit 0.25 of its 80 s deadline"):
+        no_bound.admit(deadline_s=80.0)
+    no_bound.admit(deadline_s=100.0)
+    assert no_bound.num_inflight == 1
+
+
+def test_the_deadline_share_is_a_setting() -> None:
+    from runtime.errors import InvalidRequestError
+
+    clock = Clock()
+    gate = AdmissionGate(ServerLimits(max_queue_wait_s=None, queue_wait_deadline_share=0.5),
+                         QueueWaitEstimator(clock=clock))
+    gate.wait_started()
+    clock.now = 1.0
+    gate.wait_ended(first_token=True)
+    for _ in range(9):
+        gate.wait_started()
+    assert gate.expected_wait() == pytest.approx(10.0)
+    with pytest.raises(Overloaded, match="limit 0.5 of its 19 s deadline"):
+        gate.admit(deadline_s=19.0)
+    gate.admit(deadline_s=20.0)
+    for share in (0.0, 1.5):
+        with pytest.raises(InvalidRequestError, match="queue_wait_deadline_share must be in"):
+            ServerLimits(queue_wait_deadline_share=share)
+
+
 def test_no_bound_admits_whatever_the_wait() -> None:
     gate = saturated_gate(bound=None)
     gate.admit()
@@ -121,12 +160,16 @@ def test_the_bound_is_validated() -> None:
         ServerLimits(max_queue_wait_s=0)
 
 
-async def burst(url: str, n: int, max_tokens: int) -> list[tuple[int, float, float | None, dict[str, str], int]]:
-    """``n`` streamed /generate requests at once: (status, seconds to the answer's
-    headers, seconds to the first event or None, headers, events received)."""
+async def burst(url: str, n: int, max_tokens: int,
+                timeout: float | None = None) -> list[tuple[int, float, float | None, dict[str, str], int]]:
+    """``n`` streamed /generate requests at once (each with ``timeout``, if given): (status,
+    seconds to the answer's headers, seconds to the first event or None, headers, events
+    received)."""
     async def one(client: httpx.AsyncClient) -> tuple[int, float, float | None, dict[str, str], int]:
-        body = {"text": "one two three four", "stream": True,
-                "sampling_params": {"max_new_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0}}
+        body: dict[str, Any] = {"text": "one two three four", "stream": True, "sampling_params": {
+            "max_new_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0}}
+        if timeout is not None:
+            body["timeout"] = timeout
         start = time.monotonic()
         async with client.stream("POST", "/generate", json=body) as r:
             answered = time.monotonic() - start
@@ -145,24 +188,25 @@ async def burst(url: str, n: int, max_tokens: int) -> list[tuple[int, float, flo
         return list(await asyncio.gather(*(one(client) for _ in range(n))))
 
 
-@pytest.mark.parametrize("bound", [0.5, None])
+@pytest.mark.parametrize(("bound", "timeout"), [(0.5, None), (None, None), (None, 2.0)])
 def test_past_saturation_a_prompt_429_and_every_admitted_request_completes(
-        engine: Any, idle_engine: Any, bound: float | None) -> None:
+        engine: Any, idle_engine: Any, bound: float | None, timeout: float | None) -> None:
     """A slowed engine (20 ms a step) and a burst of 64 streams of 24 tokens: with a bound
-    the requests past it get 429 + Retry-After at once, and every admitted one streams to
-    its end; without one, everything is admitted and waits."""
+    (the server's, or a quarter of the requests' own 2 s timeout) the requests past it get
+    429 + Retry-After at once, and every admitted one streams to its end; without one,
+    everything is admitted and waits."""
     remove = engine.add_step_hook(lambda batch: time.sleep(0.02))
     try:
         app = create_app(engine, limits=ServerLimits(max_queue_wait_s=bound, max_tokens=64), model_name="m")
         with LiveServer(app) as live:
-            results = asyncio.run(burst(live.url, 64, 24))
+            results = asyncio.run(burst(live.url, 64, 24, timeout))
     finally:
         remove()
     refused = [r for r in results if r[0] == 429]
     admitted = [r for r in results if r[0] == 200]
     assert len(refused) + len(admitted) == len(results)  # nothing else: no 5xx, no 503
     assert all(r[2] is not None and r[4] > 0 for r in admitted)  # each streamed its tokens
-    if bound is None:
+    if bound is None and timeout is None:
         assert not refused
         return
     assert refused and admitted
