@@ -159,8 +159,11 @@ def check_checkpoint(model_dir: Path, args: ModelArgs) -> None:
                 names.update(f.keys())
         except Exception as exc:  # safetensors raises its own error types
             raise ModelLoadError(f"cannot read weights {file}: {exc}") from exc
-    empty = torch.empty(0, device="meta")
-    _fused_state_dict(dict.fromkeys(names, empty), args)  # NOTE: meta tensors: only the names are checked
+    # NOTE: empty CPU tensors stand in for the weights (only the names are checked); meta
+    # tensors would route torch.cat through the reference ops, which import torch._dynamo
+    # and Triton into a CPU engine (tests/runtime/test_engine_memory.py).
+    empty = torch.empty(0)
+    _fused_state_dict(dict.fromkeys(names, empty), args)
 
 
 def _read_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
