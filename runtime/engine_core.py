@@ -135,7 +135,11 @@ class EngineCore:
 
     def release_session(self, session_id: str) -> None:
         """Unpin a retention session's prefixes on the next step."""
+        with self._cv:
+            if self.closed:  # the loop is gone; the cache goes with the engine
+                return
         self._post("release", session_id)
+        self._ensure_thread()  # NOTE: a run that generated nothing never started the loop
 
     def _post(self, kind: str, request_id: str) -> None:
         with self._cv:

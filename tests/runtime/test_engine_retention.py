@@ -92,3 +92,11 @@ def test_pins_over_the_owner_budget_are_refused_not_failed(engine: Engine) -> No
         engine.end_session(f"s{i}")
     wait_retained(engine, 0)
     engine.check_integrity()
+
+
+def test_ending_a_session_on_a_fresh_engine_leaves_it_idle(tiny_llama_dir: Path) -> None:
+    """A DSL run that generated nothing still ends its session: the loop must run to drain it."""
+    with Engine(model=str(tiny_llama_dir), num_pages=64, num_threads=1) as engine:
+        engine.end_session("run-that-generated-nothing")
+        assert engine.wait_idle(10)
+    engine.end_session("after-close")  # a closed engine ignores it
