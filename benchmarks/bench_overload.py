@@ -27,15 +27,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -43,7 +40,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, load_average, reproduce_line, save_result  # noqa: E402
+from common import RESULTS, load_average, reproduce_line, save_result, start_arbor_server  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "smollm2"
@@ -52,30 +49,8 @@ _LABEL = re.compile(r'(\w+)="([^"]*)"')
 _STATUS = re.compile(r"'(\d{3}) ")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def start_server(model: str, extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "runtime.cli", "serve", "--model", model, "--host", "127.0.0.1",
-           "--port", str(port), "--served-model-name", MODEL, "--log-level", "warning", *extra]
-    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 900  # NOTE: a shared, loaded machine starts it slowly
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("the server did not start")
+    return start_arbor_server(["--model", model, "--served-model-name", MODEL, "--log-level", "warning", *extra])
 
 
 def statuses(url: str) -> Counter[str]:

@@ -6,7 +6,9 @@ import json
 import os
 import platform
 import shlex
+import socket
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -97,3 +99,34 @@ def save_result(name: str, payload: dict[str, Any]) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2, default=str))
     return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_arbor_server(args: list[str], start_timeout_s: float = 900.0) -> tuple[subprocess.Popen[bytes], str]:
+    """``arbor serve ARGS`` on a free local port, from this checkout; returns the process
+    and its URL once ``/health`` answers (the last of its stderr if it exits first)."""
+    import httpx
+
+    repo = Path(__file__).resolve().parent.parent
+    port = free_port()
+    cmd = [sys.executable, "-m", "runtime.cli", "serve", "--host", "127.0.0.1", "--port", str(port), *args]
+    proc = subprocess.Popen(cmd, cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + start_timeout_s  # NOTE: a shared, loaded machine starts it slowly
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
+            raise RuntimeError(f"the server exited with {proc.returncode}: {tail}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError("the server did not start")

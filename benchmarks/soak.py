@@ -33,9 +33,7 @@ import argparse
 import asyncio
 import csv
 import json
-import os
 import random
-import socket
 import subprocess
 import sys
 import threading
@@ -50,7 +48,7 @@ import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, load_average, reproduce_line, save_result  # noqa: E402
+from common import RESULTS, load_average, reproduce_line, save_result, start_arbor_server  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 PROGRAMS = Path(__file__).resolve().parent / "soak_programs.py"
@@ -222,31 +220,9 @@ async def one(load: Load, kind: str, fn: Callable[[], Awaitable[tuple[str, str]]
 
 # ---- the run -------------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def start_server(model: str, extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "runtime.cli", "serve", "--model", model, "--host", "127.0.0.1",
-           "--port", str(port), "--programs", str(PROGRAMS), "--served-model-name", MODEL,
-           "--log-level", "warning", *[str(x) for kv in LIMITS.items() for x in kv], *extra]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 900  # NOTE: a shared, loaded machine starts it slowly
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    proc.kill()
-    raise RuntimeError("server did not start")
+    return start_arbor_server(["--model", model, "--programs", str(PROGRAMS), "--served-model-name", MODEL,
+                               "--log-level", "warning", *[str(x) for kv in LIMITS.items() for x in kv], *extra])
 
 
 async def drive(url: str, args: argparse.Namespace, server_pid: int) -> dict[str, Any]:
