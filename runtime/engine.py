@@ -95,7 +95,7 @@ class Engine:
                                                                       cfg.lpm_max_overtakes),
                                    cfg.max_running_requests, cfg.max_prefill_tokens,
                                    cfg.decode_reserve_tokens, cfg.chunked_prefill_size,
-                                   prefill_budget(cfg, self.cost_model))
+                                   prefill_budget(cfg, self.cost_model), window=args.kv_window)
         self.runner = ModelRunner(self.model, self.kv, self.device, fused_decode(cfg, self.model, self.kv, self.device))
         self._scorer = Scorer(self.model, loaded.kv_dtype, cfg.page_size, self.device)
         if self._tp is not None:

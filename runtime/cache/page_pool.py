@@ -20,6 +20,10 @@ from __future__ import annotations
 import heapq
 import threading
 
+# Never handed out; its K/V is zeros. Page tables pad with it, and a sliding-window model's
+# request puts it where a page fell out of the window (scheduler.py).
+PADDING_PAGE = 0
+
 
 class OutOfPagesError(RuntimeError):
     """``allocate`` asked for more pages than are free (a scheduler bug, never user-facing)."""

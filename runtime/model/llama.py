@@ -70,6 +70,15 @@ class ModelArgs:
     def window(self, layer_idx: int) -> int | None:
         return self.layer_windows[layer_idx] if self.layer_windows else None
 
+    @property
+    def kv_window(self) -> int | None:
+        """The window that bounds every layer's attention (Mistral), so K/V further back
+        than it is never read again; None when some layer sees the whole sequence (Gemma's
+        global layers, or no windows at all)."""
+        if not self.layer_windows or None in self.layer_windows:
+            return None
+        return max(w for w in self.layer_windows if w is not None)
+
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> ModelArgs:
         """Raises ``ValueError`` naming what we cannot run: an unknown model_type, rope

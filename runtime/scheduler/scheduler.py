@@ -33,6 +33,13 @@ After the forward pass, ``commit`` records what was computed (and how many token
 verify item produced), shares finished prefills through the cache and frees the pages of
 rejected drafts; ``finish`` releases a request's pages. The scheduler is the only writer
 of a request's pages, prefix, positions and status.
+
+Sliding windows (``window``: every layer of the model attends to its last ``window``
+positions only, as Mistral's do): after each commit a request's own pages that lie wholly
+before its next query's window are freed, and its page table holds ``PADDING_PAGE`` there
+(positions keep their page index; attention masks them). The cache's pages (the locked
+prefix) are never dropped, so a prefix match stays exact; on release only the whole
+prefix before the first dropped page is offered to the cache (docs/models.md).
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from runtime.cache.page_pool import PagePool
+from runtime.cache.page_pool import PADDING_PAGE, PagePool
 from runtime.cache.prefix_cache import EMPTY_MATCH, PrefixCache, PrefixMatch
 from runtime.request import Request, RequestStatus
 from runtime.scheduler.batch import PrefillItem, ScheduledBatch, VerifyItem
@@ -75,8 +82,14 @@ class Scheduler:
         chunked_prefill_size: int | None = None,
         budget: PrefillBudget | None = None,
         clock: Callable[[], float] = time.monotonic,
+        window: int | None = None,
     ) -> None:
+        """``window``: the attention window bounding every layer of the model (None: some
+        layer reads the whole sequence, so every page stays)."""
+        if window is not None and window < 1:
+            raise ValueError(f"an attention window must be >= 1, got {window}")
         self.pool, self.cache, self.policy = pool, cache, policy
+        self.window = window
         self.max_running = max_running_requests
         self.max_prefill_tokens = max_prefill_tokens
         # Budget while others decode (None: the same as max_prefill_tokens).
@@ -318,11 +331,32 @@ class Scheduler:
             self.stats.prefill_tokens += item.num_tokens
             computed = r.all_ids[: r.num_computed]
             r.prefix, r.pages = self.cache.cache_unfinished(computed, r.pages, r.prefix, r.cache_namespace)
+            self._drop_out_of_window(r)
         for r in batch.decode:
             r.num_computed += 1
+            self._drop_out_of_window(r)
         self.stats.decode_tokens += len(batch.decode)
         for v in batch.verify:
             self._commit_verify(v.request, (num_verified or {}).get(v.request.request_id, 0))
+            self._drop_out_of_window(v.request)
+
+    def _drop_out_of_window(self, request: Request) -> None:
+        """Free ``request``'s own pages that no later query can see (windowed models).
+
+        The next query is at position ``num_computed`` and sees keys from
+        ``num_computed - window + 1`` on; pages wholly before that one are dead::
+
+            pages: [ prefix (cache's, kept) | 0 0 0 (dropped) | own pages in the window ]
+                     0                        len(prefix.pages)  first_live
+        """
+        if self.window is None:
+            return
+        first_live = max(0, request.num_computed - self.window + 1) // self.pool.page_size
+        start = len(request.prefix.pages)
+        dead = [p for p in request.pages[start:first_live] if p != PADDING_PAGE]
+        if dead:
+            self.pool.free(dead)
+            request.pages[start:first_live] = [PADDING_PAGE] * (first_live - start)
 
     def _commit_verify(self, request: Request, num_tokens: int) -> None:
         """A verify pass produced ``num_tokens`` tokens for ``request``.
@@ -356,8 +390,12 @@ class Scheduler:
             self.stats.num_aborts += 1
 
     def _release(self, request: Request) -> None:
-        self.cache.cache_finished(request.all_ids[: request.num_computed], request.pages, request.prefix,
-                                  request.cache_namespace)
+        ids, pages = request.all_ids[: request.num_computed], request.pages
+        if PADDING_PAGE in pages:  # NOTE: window-dropped pages: the cache gets the whole prefix before them
+            cut = pages.index(PADDING_PAGE)
+            self.pool.free([p for p in pages[cut:] if p != PADDING_PAGE])
+            ids, pages = ids[: cut * self.pool.page_size], pages[:cut]
+        self.cache.cache_finished(ids, pages, request.prefix, request.cache_namespace)
         request.pages, request.prefix, request.num_computed = [], EMPTY_MATCH, 0
 
     # ---- invariants ------------------------------------------------------------------------
@@ -366,7 +404,7 @@ class Scheduler:
         self.cache.check_integrity()
         owners: dict[int, str] = {}
         places = [("free", self.pool.free_pages()), ("cache", self.cache.cached_pages())]
-        places += [(f"request {r.request_id}", r.own_pages) for r in self.running]
+        places += [(f"request {r.request_id}", self._held(r)) for r in self.running]
         for name, pages in places:
             for page in pages:
                 assert page not in owners, f"page {page} held by {owners[page]} and {name}"
@@ -375,9 +413,18 @@ class Scheduler:
             f"{self.pool.num_usable_pages - len(owners)} pages leaked"
         )
         used = self.pool.num_usable_pages - self.pool.num_free_pages - self.cache.num_evictable_pages
-        own = sum(len(r.own_pages) for r in self.running)
+        own = sum(len(self._held(r)) for r in self.running)
         assert used == own + self.cache.num_locked_pages, "in-use pages miscounted"
         for r in self.waiting:
             assert not r.pages and r.prefix is EMPTY_MATCH, f"waiting request {r.request_id} holds pages"
         live = {r.request_id: r for r in [*self.waiting, *self.running]}
         assert live == self._live, "the live-request index disagrees with the queues"
+        for r in self.running:
+            assert PADDING_PAGE not in r.prefix.pages, f"request {r.request_id} dropped a cache page"
+            if self.window is None:
+                assert PADDING_PAGE not in r.pages, f"request {r.request_id} dropped a page without a window"
+
+    @staticmethod
+    def _held(request: Request) -> list[int]:
+        """The pool pages ``request`` owns (its own pages, less those its window dropped)."""
+        return [p for p in request.own_pages if p != PADDING_PAGE]

@@ -226,10 +226,12 @@ def test_a_family_is_found_by_architectures_when_model_type_is_absent() -> None:
     assert args.family == "qwen3" and args.qk_norm and not args.qkv_bias
     mistral = ModelArgs.from_hf_config({**cfg, "model_type": "mistral", "sliding_window": 24})
     assert mistral.layer_windows == (24, 24, 24) and mistral.window(2) == 24
-    assert ModelArgs.from_hf_config({**cfg, "model_type": "mistral", "sliding_window": None}).layer_windows == ()
+    assert mistral.kv_window == 24  # every layer windowed: K/V behind it is dead (scheduler drops it)
+    unbounded = ModelArgs.from_hf_config({**cfg, "model_type": "mistral", "sliding_window": None})
+    assert unbounded.layer_windows == () and unbounded.kv_window is None
     qwen2 = ModelArgs.from_hf_config({**cfg, "model_type": "qwen2", "sliding_window": 24,
                                       "layer_types": ["full_attention", "sliding_attention", "full_attention"]})
-    assert qwen2.layer_windows == (None, 24, None)
+    assert qwen2.layer_windows == (None, 24, None) and qwen2.kv_window is None  # a global layer reads it all
 
 
 @pytest.mark.slow

@@ -51,6 +51,7 @@ class Sim:
         lpm_max_overtakes: int | None = DEFAULT_MAX_OVERTAKES,
         budget: PrefillBudget | None = None,  # None: the fixed chunk
         clock: Callable[[], float] = time.monotonic,
+        window: int | None = None,  # every layer's attention window (None: full attention)
     ) -> None:
         self.pool = PagePool(num_pages, page_size)
         # Like the engine: a request stops at max_model_len tokens, at most the pool's capacity.
@@ -58,7 +59,7 @@ class Sim:
         self.cache: PrefixCache = RadixTree(self.pool) if prefix_cache else NoPrefixCache(self.pool)
         self.sched = Scheduler(self.pool, self.cache, make_policy(policy, fair, lpm_max_overtakes), max_running,
                                max_prefill_tokens, decode_reserve_tokens, chunked_prefill_size,
-                               budget, clock)
+                               budget, clock, window)
         self.finished: list[Request] = []
 
     def add(self, rid: str, prompt_ids: list[int], max_new_tokens: int, *,
