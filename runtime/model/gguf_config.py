@@ -17,6 +17,7 @@ from runtime.model.families import family_for_config, family_for_gguf
 from runtime.model.family import Family
 from runtime.model.gguf_file import GGUFFile
 from runtime.model.mlp import mlp_block
+from runtime.model.rope import rope_attention_factor
 
 
 def architecture(gguf: GGUFFile) -> Family:
@@ -66,6 +67,8 @@ def hf_config(gguf: GGUFFile) -> dict[str, Any]:
     }
     if "rope_freqs.weight" in gguf.tensors:  # Llama 3's scaled frequencies, as a tensor
         cfg["rope_parameters"] = _rope_factors(gguf, cfg["rope_parameters"])
+    if "rope_factors_long.weight" in gguf.tensors:  # Phi-3's LongRoPE, as two tensors
+        cfg["rope_parameters"] = _longrope(gguf, cfg["rope_parameters"], cfg["max_position_embeddings"])
     cfg.update(spec.gguf_metadata(meta, arch))
     for name in ("bos", "eos", "pad"):
         token_id = meta.get(f"tokenizer.ggml.{'padding' if name == 'pad' else name}_token_id")
@@ -87,18 +90,54 @@ def _rope_factors(gguf: GGUFFile, rope: dict[str, Any]) -> dict[str, Any]:
     return {**rope, "rope_type": "freq_factors", "freq_factors": factors.tolist()}
 
 
+def _longrope(gguf: GGUFFile, rope: dict[str, Any], context_length: int) -> dict[str, Any]:
+    """LongRoPE as llama.cpp's Phi-3 converter writes it: the long and short per-frequency
+    divisors as ``rope_factors_long`` / ``rope_factors_short``, the attention scale it
+    computed as ``rope.scaling.attn_factor``."""
+    meta, arch = gguf.metadata, gguf.architecture
+    if rope["rope_type"] != "default" or "rope_factors_short.weight" not in gguf.tensors:
+        raise ModelLoadError(f"{gguf.path}: rope_factors_long.weight needs rope_factors_short.weight "
+                             f"and no other rope scaling (has {rope['rope_type']!r})")
+    original = meta.get(f"{arch}.rope.scaling.original_context_length")
+    if original is None:
+        raise ModelLoadError(f"{gguf.path}: metadata {arch}.rope.scaling.original_context_length missing "
+                             "(LongRoPE picks its factors by it)")
+    out = {**rope, "rope_type": "longrope", "original_max_position_embeddings": int(original),
+           "max_position_embeddings": context_length,
+           "long_factor": gguf.dense("rope_factors_long.weight").reshape(-1).tolist(),
+           "short_factor": gguf.dense("rope_factors_short.weight").reshape(-1).tolist()}
+    if f"{arch}.rope.scaling.attn_factor" in meta:
+        out["attention_factor"] = float(meta[f"{arch}.rope.scaling.attn_factor"])
+    return out
+
+
+def _yarn(meta: dict[str, Any], arch: str, rope: dict[str, Any]) -> None:
+    """YaRN as llama.cpp writes it; its ``attn_factor`` multiplies the scale YaRN computes
+    (HF's ``attention_factor`` replaces it)."""
+    if float(meta.get(f"{arch}.rope.scaling.yarn_log_multiplier", 0.0)) != 0.0:
+        raise ModelLoadError(f"{arch}.rope.scaling.yarn_log_multiplier (DeepSeek's YaRN scale) is not supported")
+    for key, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+        if f"{arch}.rope.scaling.{key}" in meta:
+            rope[name] = float(meta[f"{arch}.rope.scaling.{key}"])
+    rope.setdefault("original_max_position_embeddings", int(meta[f"{arch}.context_length"]))
+    if f"{arch}.rope.scaling.attn_factor" in meta:
+        rope["attention_factor"] = float(meta[f"{arch}.rope.scaling.attn_factor"]) * rope_attention_factor(rope)
+
+
 def _rope(meta: dict[str, Any], arch: str, head_dim: int) -> dict[str, Any]:
     rope: dict[str, Any] = {"rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0)), "rope_type": "default"}
     rotary = meta.get(f"{arch}.rope.dimension_count")
     if rotary is not None and int(rotary) != head_dim:  # partial rotary (Phi-4-mini)
         rope["partial_rotary_factor"] = int(rotary) / head_dim
     kind = meta.get(f"{arch}.rope.scaling.type")
-    if kind == "linear":
+    if kind in ("linear", "yarn"):
         rope["rope_type"] = kind
         rope["factor"] = float(meta[f"{arch}.rope.scaling.factor"])
         original = meta.get(f"{arch}.rope.scaling.original_context_length")
         if original is not None:
             rope["original_max_position_embeddings"] = int(original)
+        if kind == "yarn":
+            _yarn(meta, arch, rope)
     elif kind not in (None, "none"):
         raise ModelLoadError(f"rope scaling {kind!r} ({arch}.rope.scaling.type) is not supported")
     return rope

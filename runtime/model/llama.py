@@ -25,7 +25,7 @@ from runtime.model.attention import AttentionMetadata, paged_attention
 from runtime.model.families import family_for_config
 from runtime.model.mlp import ACTIVATIONS, MLP, mlp_block
 from runtime.model.moe import MoEArgs
-from runtime.model.rope import RotaryEmbedding, rope_inv_freq
+from runtime.model.rope import RotaryEmbedding, rope_inv_freq, rope_type
 
 __all__ = ["MLP", "Attention", "DecoderLayer", "LlamaForCausalLM", "ModelArgs", "RMSNorm"]
 
@@ -96,7 +96,12 @@ class ModelArgs:
             rope = dict(cfg.get("rope_scaling") or {})
             rope["rope_theta"] = cfg.get("rope_theta", 10000.0)
         rope.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
-        rope_inv_freq(head_dim, rope)  # NOTE: checks the rope type before anything is built
+        if rope_type(rope) in ("yarn", "longrope"):  # their scale reads the context lengths
+            rope.setdefault("max_position_embeddings", cfg.get("max_position_embeddings"))
+            rope.setdefault("original_max_position_embeddings",
+                            cfg.get("original_max_position_embeddings") or cfg.get("max_position_embeddings"))
+        # NOTE: checks the rope type (and its factors' length) before anything is built
+        rope_inv_freq(int(head_dim * float(rope.get("partial_rotary_factor", 1.0))), rope)
         act = str(cfg.get("hidden_act") or cfg.get("hidden_activation") or "silu")
         if act not in family.activations or act not in ACTIVATIONS:
             raise ValueError(f"unsupported activation {act!r} for a {family.name} model "

@@ -1,7 +1,7 @@
 """Phi-3 and Phi-4 (mini): q, k and v stored as one weight and gate and up as one, an
 optional sliding window on every layer, and (Phi-4-mini) rotary over part of each head
-(``partial_rotary_factor``). Their long-context ``longrope`` scaling is not read yet: a
-config with it is refused by name (``rope.py``).
+(``partial_rotary_factor``). Their long-context ``longrope`` scaling is ``rope.py``'s (a
+GGUF file carries it as ``rope_factors_long`` / ``rope_factors_short``: ``gguf_config.py``).
 """
 
 from __future__ import annotations

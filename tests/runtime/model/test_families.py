@@ -197,7 +197,7 @@ def _hf_dir_with(tmp_path: Path, source: Path, **changes: Any) -> Path:
 
 @pytest.mark.parametrize(("changes", "message"), [
     ({"model_type": "gpt_bigcode"}, "unsupported model_type 'gpt_bigcode'"),
-    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}}, "unsupported rope_type 'yarn'"),
+    ({"rope_parameters": {"rope_type": "proportional", "rope_theta": 10000.0}}, "unsupported rope_type 'proportional'"),
     ({"hidden_act": "relu2"}, "unsupported activation 'relu2' for a llama model"),
     ({"layer_types": ["chunked_attention"] * 2}, r"unsupported layer type\(s\) \['chunked_attention'\]"),
 ])

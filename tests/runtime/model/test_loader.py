@@ -88,8 +88,8 @@ def test_unreadable_weights_config_and_architecture_are_reported(broken_dir: Pat
     (broken_dir / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
     with pytest.raises(ModelLoadError, match="unsupported model config in .*unsupported model_type 'gpt2'"):
         load_model(broken_dir, CPU, torch.float32, max_positions=16)
-    (broken_dir / "config.json").write_text(json.dumps({**config, "rope_parameters": {"rope_type": "yarn", "factor": 2.0}}))
-    with pytest.raises(ModelLoadError, match="unsupported model config in .*unsupported rope_type 'yarn'"):
+    (broken_dir / "config.json").write_text(json.dumps({**config, "rope_parameters": {"rope_type": "proportional", "factor": 2.0}}))
+    with pytest.raises(ModelLoadError, match="unsupported model config in .*unsupported rope_type 'proportional'"):
         load_model(broken_dir, CPU, torch.float32, max_positions=16)
     (broken_dir / "config.json").write_text("{")
     with pytest.raises(ModelLoadError, match="cannot read .*config.json"):

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
 
 import kernels
-from runtime.model.rope import RotaryEmbedding, rope_inv_freq
+from runtime.model.rope import RotaryEmbedding, rope_attention_factor, rope_inv_freq
 
 
 def direct_inv_freq(head_dim: int, theta: float) -> list[float]:
@@ -56,8 +57,54 @@ def test_llama3_scaling_matches_the_reference_code_in_all_three_bands() -> None:
 
 
 def test_unknown_rope_type_is_refused() -> None:
-    with pytest.raises(ValueError, match="unsupported rope_type 'yarn'"):
-        rope_inv_freq(64, {"rope_type": "yarn", "factor": 2.0})
+    with pytest.raises(ValueError, match="unsupported rope_type 'proportional'"):
+        rope_inv_freq(64, {"rope_type": "proportional", "factor": 2.0})
+
+
+def _hf_rope(rope: dict[str, Any], seq_len: int | None = None) -> tuple[list[float], float]:
+    """transformers' own inverse frequencies and attention scale for ``rope`` (head_dim 32)."""
+    from transformers import Qwen2Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = Qwen2Config(hidden_size=128, num_attention_heads=4, head_dim=32, max_position_embeddings=4096,
+                         rope_parameters=dict(rope))
+    inv_freq, scale = ROPE_INIT_FUNCTIONS[rope["rope_type"]](config, None, seq_len=seq_len)
+    return inv_freq.tolist(), float(scale)
+
+
+@pytest.mark.parametrize("extra", [
+    {},
+    {"beta_fast": 16.0, "beta_slow": 2.0},
+    {"mscale": 0.707, "mscale_all_dim": 1.0},
+    {"attention_factor": 1.25},
+    {"truncate": False},
+])
+def test_yarn_is_transformers_yarn(extra: dict[str, Any]) -> None:
+    rope = {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0, "original_max_position_embeddings": 1024,
+            "max_position_embeddings": 4096, **extra}
+    want, scale = _hf_rope(rope)
+    assert rope_inv_freq(32, rope).tolist() == pytest.approx(want, rel=1e-6)
+    assert rope_attention_factor(rope) == pytest.approx(scale, rel=1e-9)
+    assert scale != 1.0
+
+
+@pytest.mark.parametrize("max_positions", [512, 1024, 1025, 4096])
+def test_longrope_picks_its_long_factors_past_the_original_context(max_positions: int) -> None:
+    """As llama.cpp: by the longest sequence served (transformers: by the current one)."""
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 1024,
+            "max_position_embeddings": 4096, "short_factor": [1.0 + i / 32 for i in range(16)],
+            "long_factor": [1.0 + i for i in range(16)]}
+    want, scale = _hf_rope(rope, seq_len=max_positions)
+    assert rope_inv_freq(32, rope, max_positions).tolist() == pytest.approx(want, rel=1e-6)
+    assert rope_attention_factor(rope) == pytest.approx(scale, rel=1e-9) and scale > 1.0
+    assert rope_inv_freq(32, rope).tolist() == pytest.approx(_hf_rope(rope)[0], rel=1e-6)  # unknown: short
+
+
+def test_longrope_factors_must_cover_every_frequency() -> None:
+    rope = {"rope_type": "longrope", "original_max_position_embeddings": 16, "short_factor": [1.0] * 3,
+            "long_factor": [1.0] * 3}
+    with pytest.raises(ValueError, match="3 rope frequency factors for 16 frequencies"):
+        rope_inv_freq(32, rope)
 
 
 def test_table_holds_cos_and_sin_of_position_times_frequency() -> None:
