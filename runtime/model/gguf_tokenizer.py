@@ -48,6 +48,8 @@ def gguf_tokenizer(gguf: GGUFFile) -> Any:
             tokenizer_config[name] = tokens[int(token_id)]
     try:
         backend, extra = convert_gguf_tokenizer(gguf.architecture, tokenizer_dict)
+        if tokenizer_dict.get("tokenizer_type") == "llama" and tokenizer_dict.get("add_prefix_space", True):
+            _sentencepiece_space_prefix(backend)
         return PreTrainedTokenizerFast(tokenizer_object=backend, **tokenizer_config, **extra)
     except Exception as exc:  # transformers raises ValueError, KeyError... for what it cannot build
         raise ModelLoadError(f"{gguf.path}: cannot build the tokenizer from the metadata: {exc}") from exc
@@ -56,3 +58,18 @@ def gguf_tokenizer(gguf: GGUFFile) -> Any:
 def _plain(value: Any) -> Any:
     """Numeric arrays (scores, token types) as lists, as the converters expect."""
     return value.tolist() if hasattr(value, "tolist") else value
+
+
+def _sentencepiece_space_prefix(backend: Any) -> None:
+    """Prefix every text with a space as sentencepiece's ``add_dummy_prefix`` and
+    llama.cpp's ``add_space_prefix`` do, also one that starts with a space.
+
+    The converter's ``Metaspace`` pre-tokenizer skips the prefix when the text already
+    starts with one (" x" -> "▁x", where sentencepiece gives "▁▁x"); the normalizer of
+    Llama 2's own tokenizer.json (prepend, then spaces to "▁") does not. Its decoder
+    already strips the one leading space."""
+    from tokenizers import normalizers
+
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    backend.pre_tokenizer = None
+
