@@ -48,6 +48,7 @@ from runtime.model.memory import (
 from runtime.model.mlp import mlp_block
 from runtime.model.parallel import ShardPlan, add_collectives, shard_model
 from runtime.model.quant import move_quantized, prepare_quantized, quantize_model
+from runtime.model.rope import rope_context_problem
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -257,11 +258,14 @@ def load_engine_model(requested: EngineConfig, rank: int = 0) -> LoadedModel:
             tokenizer = gguf_tokenizer(gguf)
         else:
             hf_config = read_config(source)
-        check_family_support(model_args(hf_config, source), weights, world)  # NOTE: before anything is built
+        args = model_args(hf_config, source)
+        check_family_support(args, weights, world)  # NOTE: before anything is built
         if gguf is None:
             tokenizer = load_tokenizer(source)
         kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, device, dtype)
         num_pages, max_model_len = size_pool(cfg, hf_config, device, kv_dtype)
+        if (problem := rope_context_problem(args.rope, max_model_len)) is not None:
+            raise InvalidRequestError(problem)
         memory = plan_memory(hf_config, weights, gguf, kv_dtype, num_pages * cfg.page_size, world)
         if device.type == "cpu":
             memory.check_fits(f"model {source}")

@@ -96,7 +96,7 @@ class ModelArgs:
             rope = dict(cfg.get("rope_scaling") or {})
             rope["rope_theta"] = cfg.get("rope_theta", 10000.0)
         rope.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
-        if rope_type(rope) in ("yarn", "longrope"):  # their scale reads the context lengths
+        if rope_type(rope) in ("yarn", "longrope", "dynamic"):  # their scale reads the context lengths
             rope.setdefault("max_position_embeddings", cfg.get("max_position_embeddings"))
             rope.setdefault("original_max_position_embeddings",
                             cfg.get("original_max_position_embeddings") or cfg.get("max_position_embeddings"))

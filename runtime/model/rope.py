@@ -1,7 +1,7 @@
 """Rotary position embeddings (HF "rotate half" layout) and their long-context variants:
 Llama 3 frequency scaling (HF's settings, or llama.cpp's per-frequency factors), linear,
-YaRN (Qwen 2.5 / 3 long context) and LongRoPE (Phi-3 / 3.5 128k), as transformers'
-``modeling_rope_utils`` defines them."""
+YaRN (Qwen 2.5 / 3 long context), LongRoPE (Phi-3 / 3.5 128k) and dynamic NTK (within
+the model's context), as transformers' ``modeling_rope_utils`` defines them."""
 
 from __future__ import annotations
 
@@ -9,9 +9,6 @@ import math
 from typing import Any
 
 import torch
-
-# Rope types whose frequencies (or scale) do not depend on the sequence length.
-STATIC_TYPES = ("default", "linear", "llama3", "freq_factors", "yarn")
 
 
 def rope_inv_freq(head_dim: int, rope: dict[str, Any], max_positions: int | None = None) -> torch.Tensor:
@@ -34,9 +31,24 @@ def rope_inv_freq(head_dim: int, rope: dict[str, Any], max_positions: int | None
     elif kind == "longrope":
         long = max_positions is not None and max_positions > int(rope["original_max_position_embeddings"])
         inv_freq = inv_freq / _factors(rope["long_factor" if long else "short_factor"], inv_freq)
-    elif kind not in ("default", None):
+    elif kind not in ("default", "dynamic", None):  # NOTE: dynamic within its context is the plain rope
         raise ValueError(f"unsupported rope_type {kind!r}")
     return inv_freq.float()
+
+
+def rope_context_problem(rope: dict[str, Any], max_positions: int) -> str | None:
+    """Why tables for ``max_positions`` positions would not be ``rope``'s, if they would not.
+
+    Dynamic NTK scaling changes nothing up to ``max_position_embeddings``; past it,
+    transformers recomputes the base from the current length at every forward pass, so a
+    cached key's rotation depends on how long its sequence was when it was computed
+    (which neither a shared prefix cache nor a batch of requests of other lengths can
+    honour). We serve it within that context only."""
+    limit = rope.get("max_position_embeddings")
+    if rope_type(rope) == "dynamic" and limit is not None and max_positions > int(limit):
+        return (f"rope_type 'dynamic' (NTK scaling by the current length) is only served up to the model's "
+                f"max_position_embeddings ({int(limit)} tokens), not {max_positions}: lower max_model_len")
+    return None
 
 
 def rope_type(rope: dict[str, Any]) -> str:
@@ -123,6 +135,8 @@ class RotaryEmbedding(torch.nn.Module):
         # NOTE: always real CPU tables, also inside a meta-device model build: there these
         # ops would run torch's reference implementations, which import torch._dynamo and
         # Triton (docs/memory.md); the module's .to(device) moves them.
+        if (problem := rope_context_problem(rope, max_positions)) is not None:
+            raise ValueError(problem)
         with torch.device("cpu"):
             inv_freq = rope_inv_freq(head_dim, rope, max_positions)
             t = torch.arange(max_positions, dtype=torch.float32)

@@ -9,7 +9,12 @@ import pytest
 import torch
 
 import kernels
-from runtime.model.rope import RotaryEmbedding, rope_attention_factor, rope_inv_freq
+from runtime.model.rope import (
+    RotaryEmbedding,
+    rope_attention_factor,
+    rope_context_problem,
+    rope_inv_freq,
+)
 
 
 def direct_inv_freq(head_dim: int, theta: float) -> list[float]:
@@ -140,3 +145,12 @@ def test_attention_scores_depend_only_on_the_distance() -> None:
 
     assert score(7, 3) == pytest.approx(score(40, 36), abs=1e-4)
     assert score(7, 3) != pytest.approx(score(7, 2), abs=1e-3)
+
+
+def test_dynamic_ntk_is_the_plain_rope_within_the_context_and_refused_past_it() -> None:
+    rope = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0, "max_position_embeddings": 4096}
+    assert rope_inv_freq(32, rope).tolist() == pytest.approx(_hf_rope(rope)[0], rel=1e-6)
+    assert rope_context_problem(rope, 4096) is None
+    RotaryEmbedding(32, 4096, rope)
+    with pytest.raises(ValueError, match=r"rope_type 'dynamic' .* up to the model's max_position_embeddings \(4096"):
+        RotaryEmbedding(32, 4097, rope)

@@ -5,7 +5,9 @@ directory and from a GGUF file carrying them as llama.cpp's converters write the
 - YaRN (Qwen 2.5 / Qwen 3 long context): ``rope.scaling.type = yarn``, its factor and
   original context length;
 - LongRoPE (Phi-3 / 3.5 128k): the ``rope_factors_long`` / ``rope_factors_short`` tensors
-  and ``rope.scaling.attn_factor``. LongRoPE's factors are chosen by the longest sequence
+  and ``rope.scaling.attn_factor``;
+- dynamic NTK (HF directory only: llama.cpp has no such type), served within the model's
+  ``max_position_embeddings`` and refused past it. LongRoPE's factors are chosen by the longest sequence
   the engine serves (as llama.cpp); transformers chooses by the current sequence, so the two
   agree when both are past the original context, or both within it.
 """
@@ -23,6 +25,7 @@ from family_models import hf_greedy, write_family_gguf
 from test_families import PROMPT, SHAPE
 
 from runtime import Engine, SamplingParams
+from runtime.errors import InvalidRequestError
 from runtime.model.gguf_file import GGUFFile
 from runtime.model.loader import gguf_file
 
@@ -34,7 +37,9 @@ ROPES: dict[str, dict[str, Any]] = {
     "longrope": {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": ORIGINAL,
                  "short_factor": [1.0 + 0.05 * i for i in range(HALF)],
                  "long_factor": [1.0 + 1.5 * i for i in range(HALF)]},
+    "dynamic": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0},
 }
+DYNAMIC_CONTEXT = 96  # the prompt and its 32 new tokens fit
 
 
 def _save(kind: str, out: Path) -> Path:
@@ -47,6 +52,9 @@ def _save(kind: str, out: Path) -> Path:
     torch.manual_seed(0)
     if kind == "yarn":
         model: Any = tf.Qwen2ForCausalLM(tf.Qwen2Config(**SHAPE, rope_parameters=dict(ROPES[kind])))
+    elif kind == "dynamic":
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(**{**SHAPE, "max_position_embeddings": DYNAMIC_CONTEXT},
+                                                   rope_parameters=dict(ROPES[kind])))
     else:
         model = tf.Phi3ForCausalLM(tf.Phi3Config(**SHAPE, rope_parameters=dict(ROPES[kind]),
                                                  original_max_position_embeddings=ORIGINAL))
@@ -117,3 +125,15 @@ def test_longrope_within_the_original_context_uses_the_short_factors(model: dict
     want, _ = hf_greedy(model["hf_dir"], ids, 16)
     assert _greedy(model["hf_dir"], ids, 16, max_model_len=ORIGINAL) == want
     assert _greedy(model["hf_dir"], ids, 16) != want  # the long factors: a different model
+
+
+def test_dynamic_ntk_within_the_models_context_is_exact(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    hf_dir = _save("dynamic", tmp_path / "hf")
+    ids = AutoTokenizer.from_pretrained(str(hf_dir))(PROMPT)["input_ids"]
+    assert len(ids) + NEW_TOKENS <= DYNAMIC_CONTEXT
+    want, _ = hf_greedy(hf_dir, ids, NEW_TOKENS)
+    assert _greedy(hf_dir, ids) == want
+    with pytest.raises(InvalidRequestError, match=r"rope_type 'dynamic' .*\(96 tokens\), not 200"):
+        Engine(model=str(hf_dir), num_pages=512, max_model_len=200)
