@@ -216,6 +216,27 @@ def load_cells(cells_dir: Path) -> tuple[list[Side], list[Cell], list[Cell]]:
     return ordered, sorted(rated, key=lambda c: (c.rate or 0.0, c.repeat, c.side)), bursts
 
 
+def trace_summary(traces: Path, sides: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per Arbor side, over its step traces (all its cells): step time percentiles, the
+    slowest steps that had streams decoding (the ITL tail), and the cost model's median
+    relative error one step ahead."""
+    out: dict[str, dict[str, Any]] = {}
+    for side in sides:
+        steps = [json.loads(line) for path in sorted(traces.glob(f"{side}.*.jsonl"))
+                 for line in path.read_text().splitlines() if line.strip()]
+        if not steps:
+            continue
+        seconds = sorted(s["seconds"] for s in steps)
+        errors = [abs(s["predicted"] - s["seconds"]) / s["seconds"] for s in steps if s.get("predicted")]
+        slow = sorted((s for s in steps if s["decode_rows"] > 0), key=lambda s: -s["seconds"])[:5]
+        out[side] = {"steps": len(steps), "p50 ms": round(1e3 * seconds[len(seconds) // 2], 1),
+                     "p99 ms": round(1e3 * seconds[int(0.99 * (len(seconds) - 1))], 1),
+                     "max ms": round(1e3 * seconds[-1], 1),
+                     "median prediction error": round(statistics.median(errors), 3) if errors else None,
+                     "slowest steps with decodes": slow}
+    return out
+
+
 def get(stats: dict[str, Any], metric: str, p: str) -> float | None:
     value = stats.get(metric, {}).get(p)
     return float(value) if value is not None else None
@@ -373,6 +394,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="run the -np sweep and the saturation bursts, print the rates, stop")
     p.add_argument("--step-traces", type=Path, default=None,
                    help="Arbor servers write a step trace there (ARBOR_STEP_TRACE), a file per cell")
+    p.add_argument("--note", action="append", default=[], help="a line added to the result's summary")
     p.add_argument("--merge", action="store_true",
                    help="run nothing: build the table, plot and result from the cells in --cells-dir")
     args = p.parse_args(argv)
@@ -447,12 +469,13 @@ def report(args: argparse.Namespace, sides: list[Side], cells: list[Cell], rates
     payload: dict[str, Any] = {
         "title": f"Serving, engine against engine: {title}",
         "summary": [f"sides: {', '.join(f'{s.name} ({shlex.join(s.flags) or s.kind})' for s in sides)}",
-                    f"saturation bursts ({args.saturation_requests} requests), req/s: {saturation}",
+                    (f"saturation bursts ({args.saturation_requests} requests), req/s: {saturation}" if saturation
+                     else "rates given (no saturation bursts)"),
                     f"{'/'.join(map(str, requests))} requests a cell, {len(repeats)} repeats, sides alternated; "
                     f"{args.threads} threads a server; "
                     f"prompts {args.prompt_tokens[0]}-{args.prompt_tokens[1]} tokens, outputs "
                     f"{args.output_tokens[0]}-{args.output_tokens[1]} (log-uniform, ignore_eos); "
-                    "median (min-max) over repeats; a shared 2-core machine"],
+                    "median (min-max) over repeats; a shared 2-core machine", *args.note],
         "rows": [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows],
         "plots": [png.name],
         "sides": [s.__dict__ for s in sides], "saturation": saturation, "rates": rates,
@@ -460,6 +483,15 @@ def report(args: argparse.Namespace, sides: list[Side], cells: list[Cell], rates
         "saturation_cells": [{"side": c.side, "summary": c.summary} for c in sat_cells],
         "cells": [c.__dict__ for c in cells], "model": str(args.model),
     }
+    if args.step_traces is not None and args.step_traces.is_dir():
+        steps = trace_summary(args.step_traces, names)
+        payload["step_traces"] = steps
+        payload["summary"] += [
+            f"step trace, {side}: {t['steps']} steps, p50/p99/max {t['p50 ms']}/{t['p99 ms']}/{t['max ms']} ms; "
+            f"cost model median error {t['median prediction error']}; slowest with decodes: "
+            + ", ".join(f"{s['prefill_tokens']} prompt tok + {s['decode_rows']} decodes {1e3 * s['seconds']:.0f} ms"
+                        for s in t["slowest steps with decodes"][:3])
+            for side, t in steps.items()]
     print(f"saved {save_result(args.name, payload)} and {png}")
     return payload
 

@@ -186,3 +186,18 @@ def test_one_slot_count_given_is_used_without_a_sweep(peers: Any) -> None:
                              "--tokenizer", "t.json"])
     side, cells = peers.choose_np(args, [], "warm up")
     assert (side.name, side.np, cells) == ("llama-np8", 8, [])
+
+
+def test_step_traces_summarize_the_slow_steps_of_each_side(peers: Any, tmp_path: Path) -> None:
+    def line(decode: int, prefill: int, seconds: float, predicted: float | None) -> str:
+        return json.dumps({"decode_rows": decode, "prefill_tokens": prefill, "verify_rows": 0,
+                           "seconds": seconds, "predicted": predicted})
+
+    (tmp_path / "slo.1.jsonl").write_text("\n".join([line(4, 0, 0.02, None), line(4, 16, 0.1, 0.08),
+                                                     line(0, 900, 3.0, 2.0), line(4, 500, 2.0, 2.0)]))
+    (tmp_path / "slo-nospec.2.jsonl").write_text(line(1, 0, 0.01, 0.01))  # another side's file
+    out = peers.trace_summary(tmp_path, ["slo", "absent"])
+    assert list(out) == ["slo"] and out["slo"]["steps"] == 4 and out["slo"]["max ms"] == 3000.0
+    # the 900-token step had nobody decoding: not part of the ITL tail
+    assert [s["prefill_tokens"] for s in out["slo"]["slowest steps with decodes"]] == [500, 16, 0]
+    assert out["slo"]["median prediction error"] == pytest.approx(0.2)  # of 0.2, 0.333 and 0 (None: no prediction)
