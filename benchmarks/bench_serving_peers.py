@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import os
 import shlex
@@ -103,9 +104,19 @@ class Server:
         cmd = side.command(args.model, self.port, args.llama_server, args.ctx_per_slot, args.threads)
         self.log = open(log_dir / f"{side.name}.log", "ab")  # noqa: SIM115 (closed in stop)
         self.log.write(f"\n$ {shlex.join(cmd)}\n".encode())
+        # NOTE: a process group, not a session: with the kernel's autogroup scheduling a new
+        # session is a new group that weighs as much as any other, whatever nice the
+        # benchmark runs at, so a server would share the cores with every other session
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO,
-                                     start_new_session=True)
+                                     process_group=0, env=self.env(side, args))
         self.url = f"http://127.0.0.1:{self.port}"
+
+    def env(self, side: Side, args: argparse.Namespace) -> dict[str, str]:
+        env = dict(os.environ)
+        if args.step_traces is not None and side.kind == "arbor":
+            args.step_traces.mkdir(parents=True, exist_ok=True)
+            env["ARBOR_STEP_TRACE"] = str(args.step_traces / f"{side.name}.{self.port}.jsonl")
+        return env
 
     def wait_ready(self, timeout: float = 300.0) -> None:
         deadline = time.monotonic() + timeout
@@ -163,6 +174,8 @@ def run_cell(side: Side, args: argparse.Namespace, jobs: list[bs.Job], rate: flo
     with Server(side, args, args.log_dir) as server:
         summary = asyncio.run(measure(server.url, jobs, rate, warmup))
     cell = Cell(side.name, rate, repeat, summary)
+    if args.cells_dir is not None:
+        save_cell(args.cells_dir, side, cell)
     all_ = summary["buckets"].get("all", {})
     print(f"  {side.name:<16} rate {rate if rate is not None else 'burst':<6} rep {repeat}: "
           f"{summary['num_ok']}/{summary['num_requests']} ok, {summary['output_token_throughput']} tok/s, "
@@ -170,6 +183,58 @@ def run_cell(side: Side, args: argparse.Namespace, jobs: list[bs.Job], rate: flo
           f"{get(all_, 'ttft_ms', 'p99')} ms, ITL p99 {get(all_, 'itl_ms', 'p99')} ms "
           f"(load {load_average()})", flush=True)
     return cell
+
+
+def cell_path(cells_dir: Path, side: str, rate: float | None, repeat: int) -> Path:
+    return cells_dir / f"{side}@{'burst' if rate is None else f'{rate:g}'}#{repeat}.json"
+
+
+def save_cell(cells_dir: Path, side: Side, cell: Cell) -> Path:
+    """One cell as a file of its own, so a campaign split over several invocations (each
+    short enough to hold a shared machine) merges into one table (``--merge``)."""
+    cells_dir.mkdir(parents=True, exist_ok=True)
+    path = cell_path(cells_dir, cell.side, cell.rate, cell.repeat)
+    path.write_text(json.dumps({"side": side.__dict__, "cell": cell.__dict__, "load_average": load_average(),
+                                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1))
+    return path
+
+
+def load_cells(cells_dir: Path) -> tuple[list[Side], list[Cell], list[Cell]]:
+    """The sides (first seen order: Arbor sides, then llama-server) and the rate cells and
+    burst cells saved in ``cells_dir``."""
+    sides: dict[str, Side] = {}
+    rated: list[Cell] = []
+    bursts: list[Cell] = []
+    for path in sorted(cells_dir.glob("*.json")):
+        data = json.loads(path.read_text())
+        side = Side(**{**data["side"], "flags": tuple(data["side"]["flags"])})
+        cell = Cell(**data["cell"])
+        (bursts if cell.rate is None else rated).append(cell)
+        if cell.rate is not None:
+            sides.setdefault(side.name, side)
+    ordered = sorted(sides.values(), key=lambda s: (s.kind != "arbor", s.name))
+    return ordered, sorted(rated, key=lambda c: (c.rate or 0.0, c.repeat, c.side)), bursts
+
+
+def trace_summary(traces: Path, sides: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per Arbor side, over its step traces (all its cells): step time percentiles, the
+    slowest steps that had streams decoding (the ITL tail), and the cost model's median
+    relative error one step ahead."""
+    out: dict[str, dict[str, Any]] = {}
+    for side in sides:
+        steps = [json.loads(line) for path in sorted(traces.glob(f"{side}.*.jsonl"))
+                 for line in path.read_text().splitlines() if line.strip()]
+        if not steps:
+            continue
+        seconds = sorted(s["seconds"] for s in steps)
+        errors = [abs(s["predicted"] - s["seconds"]) / s["seconds"] for s in steps if s.get("predicted")]
+        slow = sorted((s for s in steps if s["decode_rows"] > 0), key=lambda s: -s["seconds"])[:5]
+        out[side] = {"steps": len(steps), "p50 ms": round(1e3 * seconds[len(seconds) // 2], 1),
+                     "p99 ms": round(1e3 * seconds[int(0.99 * (len(seconds) - 1))], 1),
+                     "max ms": round(1e3 * seconds[-1], 1),
+                     "median prediction error": round(statistics.median(errors), 3) if errors else None,
+                     "slowest steps with decodes": slow}
+    return out
 
 
 def get(stats: dict[str, Any], metric: str, p: str) -> float | None:
@@ -319,7 +384,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--name", default="bench_serving_peers")
     p.add_argument("--title", default=None, help="the table's title (default: the GGUF's file name)")
     p.add_argument("--log-dir", type=Path, default=Path("/tmp/arbor-bench-serving-peers"))
+    p.add_argument("--first-repeat", type=int, default=0,
+                   help="number the repeats from here (a later invocation adds repeats with new requests)")
+    p.add_argument("--only", nargs="+", default=None, metavar="SIDE",
+                   help="run only these sides (by name; llama-server's is llama-npN)")
+    p.add_argument("--cells-dir", type=Path, default=None,
+                   help="save every cell there as a file of its own (to merge invocations)")
+    p.add_argument("--saturation-only", action="store_true",
+                   help="run the -np sweep and the saturation bursts, print the rates, stop")
+    p.add_argument("--step-traces", type=Path, default=None,
+                   help="Arbor servers write a step trace there (ARBOR_STEP_TRACE), a file per cell")
+    p.add_argument("--note", action="append", default=[], help="a line added to the result's summary")
+    p.add_argument("--merge", action="store_true",
+                   help="run nothing: build the table, plot and result from the cells in --cells-dir")
     args = p.parse_args(argv)
+    if (args.merge or args.saturation_only) and args.cells_dir is None:
+        p.error("--merge and --saturation-only need --cells-dir")
     if args.llama_server is None and args.llama_env is not None:
         args.llama_server = Path(read_env(args.llama_env)["LLAMA_SERVER"])
     if not args.arbor:
@@ -332,6 +412,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     print(reproduce_line(), f"(load average {load_average()})", flush=True)
+    if args.merge:
+        sides, cells, bursts = load_cells(args.cells_dir)
+        saturation = {c.side: c.summary["request_throughput"] for c in bursts}
+        rates = sorted({c.rate for c in cells if c.rate is not None})
+        np_cells = [c for c in bursts if c.side.startswith("llama")]
+        return report(args, sides, cells, rates, saturation, np_cells, [c for c in bursts if c not in np_cells])
     args.log_dir.mkdir(parents=True, exist_ok=True)
     warmup = bs.TextSource(args.tokenizer, args.seed + 999).prompt(256)
     sides: list[Side] = list(args.arbor)
@@ -344,35 +430,52 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if np_cells:
             best = next(c for c in np_cells if c.side == llama.name)
             saturation[llama.name] = best.summary["request_throughput"]
+    if args.only is not None:
+        sides = [s for s in sides if s.name in args.only]
     rates = args.rates
     sat_cells = []
     if rates is None:
-        for side in args.arbor:
-            cell = run_cell(side, args, burst, None, 0, warmup)
-            sat_cells.append(cell)
-            saturation[side.name] = cell.summary["request_throughput"]
+        for side in sides:
+            if side.kind == "arbor":
+                cell = run_cell(side, args, burst, None, 0, warmup)
+                sat_cells.append(cell)
+                saturation[side.name] = cell.summary["request_throughput"]
         rates = sweep_rates(saturation, args.fractions)
         print(f"saturation (req/s): {saturation}; rates: {rates}", flush=True)
+    if args.saturation_only:
+        return {"saturation": saturation, "rates": rates}
     cells: list[Cell] = []
     for i, rate in enumerate(rates):
-        for repeat in range(args.repeats):
-            jobs = jobs_for(args, args.seed + 1 + 100 * i + repeat, args.num_requests)
+        for repeat in range(args.first_repeat, args.first_repeat + args.repeats):
+            # NOTE: a repeat's requests depend on the repeat only, so a campaign split by
+            # rate or repeat over several invocations sends the same requests
+            jobs = jobs_for(args, args.seed + 1 + repeat, args.num_requests)
             order = sides if (i + repeat) % 2 == 0 else sides[::-1]  # NOTE: who goes first alternates
             cells += [run_cell(side, args, jobs, rate, repeat, warmup) for side in order]
+    return report(args, sides, cells, rates, saturation, np_cells, sat_cells)
+
+
+def report(args: argparse.Namespace, sides: list[Side], cells: list[Cell], rates: list[float],
+           saturation: dict[str, float], np_cells: list[Cell], sat_cells: list[Cell]) -> dict[str, Any]:
+    """The table (printed), the plot and the saved result."""
     names = [s.name for s in sides]
     rows = table(cells, names, rates)
     title = args.title or args.model.name
     RESULTS.mkdir(parents=True, exist_ok=True)
     png = plot(rows, names, RESULTS / f"{args.name}.png", f"{title}: output tok/s vs latency p99")
     print_table(title, rows)
+    repeats = sorted({c.repeat for c in cells})
+    requests = sorted({c.summary["num_requests"] for c in cells})
     payload: dict[str, Any] = {
         "title": f"Serving, engine against engine: {title}",
         "summary": [f"sides: {', '.join(f'{s.name} ({shlex.join(s.flags) or s.kind})' for s in sides)}",
-                    f"saturation bursts ({args.saturation_requests} requests), req/s: {saturation}",
-                    f"{args.num_requests} requests a cell, {args.repeats} repeats, sides alternated; "
+                    (f"saturation bursts ({args.saturation_requests} requests), req/s: {saturation}" if saturation
+                     else "rates given (no saturation bursts)"),
+                    f"{'/'.join(map(str, requests))} requests a cell, {len(repeats)} repeats, sides alternated; "
+                    f"{args.threads} threads a server; "
                     f"prompts {args.prompt_tokens[0]}-{args.prompt_tokens[1]} tokens, outputs "
                     f"{args.output_tokens[0]}-{args.output_tokens[1]} (log-uniform, ignore_eos); "
-                    "median (min-max) over repeats; a shared 2-core machine"],
+                    "median (min-max) over repeats; a shared 2-core machine", *args.note],
         "rows": [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows],
         "plots": [png.name],
         "sides": [s.__dict__ for s in sides], "saturation": saturation, "rates": rates,
@@ -380,6 +483,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "saturation_cells": [{"side": c.side, "summary": c.summary} for c in sat_cells],
         "cells": [c.__dict__ for c in cells], "model": str(args.model),
     }
+    if args.step_traces is not None and args.step_traces.is_dir():
+        steps = trace_summary(args.step_traces, names)
+        payload["step_traces"] = steps
+        payload["summary"] += [
+            f"step trace, {side}: {t['steps']} steps, p50/p99/max {t['p50 ms']}/{t['p99 ms']}/{t['max ms']} ms; "
+            f"cost model median error {t['median prediction error']}; slowest with decodes: "
+            + ", ".join(f"{s['prefill_tokens']} prompt tok + {s['decode_rows']} decodes {1e3 * s['seconds']:.0f} ms"
+                        for s in t["slowest steps with decodes"][:3])
+            for side, t in steps.items()]
     print(f"saved {save_result(args.name, payload)} and {png}")
     return payload
 

@@ -66,6 +66,9 @@ class EngineConfig:
     itl_slo: float | None = setting(
         None, "inter-token latency target in seconds: each step's prefill chunk is the largest whose "
         "predicted step time keeps running streams within it (down to --chunked-prefill-size)")
+    itl_stretch: float = setting(
+        2.0, "with --itl-slo and --ttft-slo: how far (x the tightest ITL target) a step may stretch "
+        "to give a prompt about to miss its TTFT target the tokens it needs")
     # NOTE: on the CPU the KV pool is allocated untouched and a written page is resident
     # memory, so the cache's retained pages are RSS; on CUDA the pool is reserved up front.
     prefix_cache_max_pages: int | None = setting(
@@ -181,6 +184,8 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and value > 0):
                 raise InvalidRequestError(f"{name} must be a number of seconds > 0, got {value!r}")
+        if not (isinstance(self.itl_stretch, (int, float)) and self.itl_stretch >= 1):
+            raise InvalidRequestError(f"itl_stretch must be a number >= 1, got {self.itl_stretch!r}")
         if self.ttft_slo is not None and self.itl_slo is not None and self.ttft_slo < self.itl_slo:
             raise InvalidRequestError(f"ttft_slo ({self.ttft_slo} s) below itl_slo ({self.itl_slo} s) cannot be "
                                       "met: a first token takes at least one step")

@@ -25,15 +25,18 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import logging
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from pathlib import Path
 
 import torch
 
+from runtime import env
 from runtime.constrained import CheckedGrammar
 from runtime.errors import EngineClosedError, InvalidRequestError
 from runtime.model.runner import ModelRunner
@@ -41,7 +44,7 @@ from runtime.output.processor import OutputProcessor
 from runtime.output.state import OutputCallback
 from runtime.request import Request
 from runtime.scheduler.batch import ScheduledBatch
-from runtime.scheduler.cost_model import StepCostModel
+from runtime.scheduler.cost_model import StepCostModel, StepShape
 from runtime.scheduler.scheduler import Scheduler
 
 StepHook = Callable[[ScheduledBatch], None]
@@ -62,6 +65,24 @@ def _close_open_cores() -> None:
         core.close()
 
 
+class StepTrace:
+    """One JSON line per step, appended to a file (``ARBOR_STEP_TRACE``): the time, the
+    step's rows, its measured seconds and the cost model's prediction before it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file = path.open("a", buffering=1)  # NOTE: line-buffered: a killed server keeps its lines
+
+    def write(self, shape: StepShape, seconds: float, predicted: float | None) -> None:
+        self._file.write(json.dumps({
+            "t": round(time.time(), 4), "decode_rows": shape.decode_rows, "prefill_tokens": shape.prefill_tokens,
+            "verify_rows": shape.verify_rows, "seconds": round(seconds, 5),
+            "predicted": None if predicted is None else round(predicted, 5)}) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
 class EngineCore:
     """Runs steps on a background thread (started on first use) until closed.
 
@@ -80,6 +101,8 @@ class EngineCore:
         # Called on the engine thread with each batch before its forward pass (tests,
         # tracing). A hook must not change the batch; one that raises fails the batch.
         self.step_hooks: list[StepHook] = []
+        trace = env.step_trace_path()
+        self.step_trace = StepTrace(trace) if trace is not None else None
         self._inbox: list[tuple[str, Request | str]] = []  # ("add", req) | ("abort"/"grammar_ready", id)
         self._inbox_ids: set[str] = set()  # ids of the requests added in the inbox
         # request id -> (the request, its grammar compiling): not in the scheduler yet
@@ -203,7 +226,10 @@ class EngineCore:
                 return True
             self.forward_passes += 1
             tokens = self.outputs.sample(batch, logits)
-            self.cost_model.observe(batch.shape, time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            if self.step_trace is not None:
+                self.step_trace.write(batch.shape, seconds, self.cost_model.predict(batch.shape))
+            self.cost_model.observe(batch.shape, seconds)
             self.scheduler.commit(batch, tokens.num_verified)
             if self.debug:
                 self.scheduler.check_integrity()
@@ -314,3 +340,5 @@ class EngineCore:
             for req in [*self.scheduler.running, *self.scheduler.waiting, *pending]:
                 self.outputs.finish(req, "abort", error="the engine was closed")
             self._settle()
+            if self.step_trace is not None:
+                self.step_trace.close()

@@ -21,3 +21,10 @@ def default_gguf_path() -> Path | None:
 def debug_enabled() -> bool:
     """``ARBOR_DEBUG=1`` runs integrity checks whenever the engine goes idle."""
     return os.environ.get("ARBOR_DEBUG", "") not in ("", "0", "false")
+
+
+def step_trace_path() -> Path | None:
+    """``ARBOR_STEP_TRACE=FILE``: the engine appends one JSON line per step to FILE (its
+    rows, measured and predicted seconds), to find where a latency tail comes from."""
+    value = os.environ.get("ARBOR_STEP_TRACE")
+    return Path(value) if value else None

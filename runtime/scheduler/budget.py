@@ -13,11 +13,15 @@ tokens of the streams decoding in it (inter-token latency, ITL). Two policies:
                     tightest ITL target of the decoding streams (none: the min chunk)
       TTFT tokens = for the prompts waiting (oldest first), the tokens per step that finish
                     each one before its TTFT target, counting the prompts ahead of it
-      budget      = max(ITL tokens, TTFT tokens), within [min chunk, large budget]
+      budget      = max(ITL tokens, TTFT tokens), within [min chunk, large budget],
+                    and with an ITL target, TTFT tokens only up to a step predicted
+                    within ``itl_stretch`` x that target
 
   So prompts go in big chunks while no stream's ITL is at risk, in small ones when it
-  is, and a prompt about to miss its TTFT target gets the tokens it needs even at the
-  cost of one slow step. The floor (the fixed chunk) keeps prefill moving when a target
+  is, and a prompt about to miss its TTFT target gets the tokens it needs at the cost of
+  a slower step, one at most ``itl_stretch`` times the ITL target: a prompt that is late
+  already would otherwise take the whole queue's tokens in one step, a stall of every
+  running stream (the ITL tail of a large model, where that step takes seconds). The floor (the fixed chunk) keeps prefill moving when a target
   cannot be met, and before the cost model has measured anything. Without any target
   (engine or request) it budgets exactly as ``FixedBudget``.
 """
@@ -67,35 +71,49 @@ class LatencyTargetBudget(PrefillBudget):
         itl_slo, ttft_slo: the engine's targets in seconds (None: none); a request's own
             (``SamplingParams.itl_slo`` / ``ttft_slo``) wins over them.
         min_chunk, max_tokens: the budget's floor and ceiling.
+        itl_stretch: the longest step the TTFT rule may ask for, in multiples of the
+            tightest ITL target of the decoding streams (no ITL target: no limit).
         clock: seconds (``time.monotonic``; tests pass a virtual clock).
     """
 
     def __init__(self, cost: StepCostModel, itl_slo: float | None, ttft_slo: float | None,
-                 min_chunk: int, max_tokens: int, clock: Callable[[], float] = time.monotonic) -> None:
+                 min_chunk: int, max_tokens: int, clock: Callable[[], float] = time.monotonic,
+                 itl_stretch: float = 2.0) -> None:
         self.cost, self.itl_slo, self.ttft_slo = cost, itl_slo, ttft_slo
         self.min_chunk, self.max_tokens, self.clock = min_chunk, max_tokens, clock
+        self.itl_stretch = itl_stretch
         self._warned = False
 
     def tokens(self, decoding: Sequence[Request], prefilling: Sequence[Request]) -> int:
         if not decoding:
             return self.max_tokens
-        wanted = max(self._itl_tokens(decoding), self._ttft_tokens(len(decoding), prefilling))
-        return max(self.min_chunk, min(self.max_tokens, wanted))
+        target = self._itl_target(decoding)
+        itl = self._itl_tokens(len(decoding), target)
+        ttft = self._ttft_tokens(len(decoding), prefilling)
+        if ttft > itl and target is not None and self._step(len(decoding), self.min_chunk) is not None:
+            ttft = min(ttft, self._largest_within(len(decoding), self.itl_stretch * target))
+        return max(self.min_chunk, min(self.max_tokens, max(itl, ttft)))
 
-    def _itl_tokens(self, decoding: Sequence[Request]) -> int:
+    def _itl_target(self, decoding: Sequence[Request]) -> float | None:
         targets = [t for r in decoding if (t := r.params.itl_slo or self.itl_slo) is not None]
-        if not targets:
+        return min(targets) if targets else None
+
+    def _itl_tokens(self, rows: int, target: float | None) -> int:
+        if target is None:
             return self.min_chunk  # no ITL target: the fixed chunk, as FixedBudget
-        target, rows = min(targets), len(decoding)
         if self._step(rows, self.min_chunk) is None:
             return self.min_chunk  # unmeasured: the fixed chunk
         if not self._fits(rows, self.min_chunk, target):
             self._warn_unreachable(target, rows)
             return self.min_chunk
-        lo, hi = self.min_chunk, self.max_tokens  # NOTE: invariant: lo fits the target
+        return self._largest_within(rows, target)
+
+    def _largest_within(self, rows: int, seconds: float) -> int:
+        """The most prefill tokens (at least the min chunk) of a step predicted within ``seconds``."""
+        lo, hi = self.min_chunk, self.max_tokens  # NOTE: lo is the floor, whether or not it fits
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if self._fits(rows, mid, target) else (lo, mid - 1)
+            lo, hi = (mid, hi) if self._fits(rows, mid, seconds) else (lo, mid - 1)
         return lo
 
     def _ttft_tokens(self, num_decoding: int, prefilling: Sequence[Request]) -> int:
@@ -131,4 +149,4 @@ def prefill_budget(config: EngineConfig, cost: StepCostModel) -> PrefillBudget:
     """The engine's budget policy: latency targets (the engine's, or a request's own)."""
     assert config.chunked_prefill_size is not None  # filled in by for_device
     return LatencyTargetBudget(cost, config.itl_slo, config.ttft_slo, config.chunked_prefill_size,
-                               config.max_prefill_tokens)
+                               config.max_prefill_tokens, itl_stretch=config.itl_stretch)

@@ -62,6 +62,10 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                        help="requests in flight per tenant (X-Tenant header / OpenAI user field)")
     group.add_argument("--tenant-tokens-per-minute", type=int, default=defaults.tenant_tokens_per_minute,
                        help="prompt + max_tokens per tenant per minute")
+    group.add_argument("--tenant-slo", type=_tenant_slo, action="append", default=[],
+                       metavar="TENANT=TTFT,ITL",
+                       help="latency targets of one tenant in seconds ('none': the engine's), e.g. "
+                            "'batch=30,none'; repeatable; a request's own targets win")
     group.add_argument("--fault-delay-ms", type=float, default=0.0,
                        help="TEST HOOK: delay every generation request by this many ms (shows a "
                             "rollout's rollback against a slow worker; never in production)")
@@ -82,10 +86,23 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
                         max_prompt_tokens=args.max_prompt_tokens,
                         tenant_max_concurrent=args.tenant_max_concurrent,
                         tenant_tokens_per_minute=args.tenant_tokens_per_minute,
+                        tenant_slo=tuple(args.tenant_slo),
                         shutdown_timeout_s=args.shutdown_timeout,
                         unknown_fields=args.unknown_fields, body_timeout_s=args.body_timeout,
                         max_queue_wait_s=args.max_queue_wait,
                         queue_wait_deadline_share=args.queue_wait_share)
+
+
+def _tenant_slo(text: str) -> tuple[str, float | None, float | None]:
+    """``TENANT=TTFT,ITL`` (seconds > 0, or 'none') as a ``ServerLimits.tenant_slo`` entry."""
+    tenant, eq, targets = text.rpartition("=")
+    parts = targets.split(",")
+    if not eq or not tenant or len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"expected TENANT=TTFT,ITL (seconds or 'none'), got {text!r}")
+    ttft, itl = (_seconds_or_none(p) for p in parts)
+    if any(t is not None and not t > 0 for t in (ttft, itl)):
+        raise argparse.ArgumentTypeError(f"latency targets must be > 0 seconds or 'none', got {text!r}")
+    return tenant, ttft, itl
 
 
 def _seconds_or_none(text: str) -> float | None:

@@ -43,6 +43,9 @@ class ServerLimits:
     max_prompt_tokens: int | None = None  # prompt tokens of one request; None: the model's context
     tenant_max_concurrent: int | None = None  # requests in flight per tenant; beyond: 429
     tenant_tokens_per_minute: int | None = None  # prompt + max_tokens per tenant; beyond: 429
+    # Latency targets per tenant: (tenant, ttft_slo, itl_slo) in seconds, None: the engine's.
+    # A request's own targets win over its tenant's (docs/serving-slo.md).
+    tenant_slo: tuple[tuple[str, float | None, float | None], ...] = ()
     # SIGTERM: stop admitting (503), let requests in flight finish for this long, then
     # abort the rest and exit 0.
     shutdown_timeout_s: float = 30.0
@@ -78,10 +81,23 @@ class ServerLimits:
         if not 0 < self.queue_wait_deadline_share <= 1:
             raise InvalidRequestError("queue_wait_deadline_share must be in (0, 1], got "
                                       f"{self.queue_wait_deadline_share!r}")
+        for entry in self.tenant_slo:
+            tenant, *targets = entry
+            if not isinstance(tenant, str) or not tenant or any(
+                    t is not None and not (isinstance(t, (int, float)) and t > 0) for t in targets):
+                raise InvalidRequestError(f"tenant_slo entries are (tenant, ttft_slo, itl_slo) with targets "
+                                          f"> 0 or None, got {entry!r}")
         for name in ("request_timeout_s", "program_timeout_s", "max_queue_wait_s"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise InvalidRequestError(f"{name} must be > 0 or None, got {value!r}")
+
+    def slo_of(self, tenant: str | None) -> tuple[float | None, float | None]:
+        """``(ttft_slo, itl_slo)`` of ``tenant`` (None each: no target of its own)."""
+        for name, ttft, itl in self.tenant_slo:
+            if name == tenant:
+                return ttft, itl
+        return None, None
 
     def deadline(self, asked: float | None) -> float | None:
         """The timeout of one request: what it asked for, never beyond the server's."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
@@ -180,6 +181,9 @@ class EngineStream:
         self.num_generated = 0
         self.endpoint = endpoint
         self.input_ids = input_ids
+        ttft, itl = ctx.limits.slo_of(caller.tenant)
+        if (ttft is not None and params.ttft_slo is None) or (itl is not None and params.itl_slo is None):
+            params = dataclasses.replace(params, ttft_slo=params.ttft_slo or ttft, itl_slo=params.itl_slo or itl)
         self.params = params
         self.request_id = new_id("arbor")
         self.timer = TokenTimer(ctx.metrics, ctx.metrics.labels(endpoint, len(input_ids), caller.tenant))

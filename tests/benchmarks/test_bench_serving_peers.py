@@ -123,6 +123,36 @@ def test_table_reports_median_and_range_over_repeats(peers: Any) -> None:
     assert "TPOT p50 ms" not in rows[0]  # a figure no cell measured stays out
 
 
+def test_cells_of_split_invocations_merge_into_one_table(peers: Any, tmp_path: Path) -> None:
+    def summary(tok_s: float, req_s: float) -> dict[str, Any]:
+        stats = {"ttft_ms": {"p50": 1.0, "p99": 2.0}, "itl_ms": {"p99": 3.0}}
+        return {"output_token_throughput": tok_s, "request_throughput": req_s, "num_requests": 4, "num_ok": 4,
+                "buckets": {"all": stats}}
+
+    arbor = peers.parse_side("slo=--itl-slo 0.1")
+    llama = peers.Side("llama-np8", "llama", (), 8)
+    cells = tmp_path / "cells"
+    # NOTE: as three invocations would: saturation bursts, then one rate each
+    peers.save_cell(cells, llama, peers.Cell("llama-np8", None, 0, summary(50.0, 1.0)))
+    peers.save_cell(cells, llama, peers.Cell("llama-np4", None, 0, summary(40.0, 0.8)))
+    peers.save_cell(cells, arbor, peers.Cell("slo", None, 0, summary(60.0, 1.2)))
+    for rate, rep in ((0.5, 0), (0.5, 1), (1.0, 0)):
+        peers.save_cell(cells, llama, peers.Cell("llama-np8", rate, rep, summary(10.0 + rep, rate)))
+        peers.save_cell(cells, arbor, peers.Cell("slo", rate, rep, summary(20.0 + rep, rate)))
+    sides, rated, bursts = peers.load_cells(cells)
+    assert [s.name for s in sides] == ["slo", "llama-np8"] and sides[0].flags == ("--itl-slo", "0.1")
+    assert len(rated) == 6 and len(bursts) == 3
+    payload = peers.main(["--merge", "--cells-dir", str(cells), "--model", "m.gguf", "--tokenizer", "t.json",
+                          "--name", "test_peers_merge"])
+    assert [(r["rate req/s"], r["side"], r["repeats"]) for r in payload["rows"]] == [
+        (0.5, "slo", 2), (0.5, "llama-np8", 2), (1.0, "slo", 1), (1.0, "llama-np8", 1)]
+    assert payload["rows"][0]["output tok/s"] == "20.5 (20-21)"
+    assert payload["saturation"] == {"llama-np8": 1.0, "llama-np4": 0.8, "slo": 1.2}
+    assert [c["side"] for c in payload["np_sweep"]] == ["llama-np4", "llama-np8"]
+    with pytest.raises(SystemExit):
+        peers.parse_args(["--merge", "--model", "m.gguf", "--tokenizer", "t.json"])  # where are the cells?
+
+
 @pytest.mark.slow
 def test_two_arbor_sides_alternate_and_write_table_and_plot(peers: Any, tiny_llama_dir: Path, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
@@ -130,7 +160,8 @@ def test_two_arbor_sides_alternate_and_write_table_and_plot(peers: Any, tiny_lla
                           "--arbor", "plain=--max-model-len 512", "--arbor", "nospec=--max-model-len 512 --no-speculation",
                           "--rates", "20", "--repeats", "2", "--num-requests", "3",
                           "--prompt-tokens", "16", "32", "--output-tokens", "4", "8",
-                          "--name", "test_peers", "--log-dir", str(tmp_path)])
+                          "--name", "test_peers", "--log-dir", str(tmp_path),
+                          "--cells-dir", str(tmp_path / "cells"), "--step-traces", str(tmp_path / "traces")])
     order = [(c["side"], c["repeat"]) for c in payload["cells"]]
     assert order == [("plain", 0), ("nospec", 0), ("nospec", 1), ("plain", 1)]  # who goes first flips
     assert [r["side"] for r in payload["rows"]] == ["plain", "nospec"]
@@ -143,6 +174,11 @@ def test_two_arbor_sides_alternate_and_write_table_and_plot(peers: Any, tiny_lla
     assert (RESULTS / results).stat().st_size > 10_000
     assert "--no-speculation" in (tmp_path / "nospec.log").read_text()
     assert "| 20.0 | plain |" in capsys.readouterr().out
+    assert len(list((tmp_path / "cells").glob("*.json"))) == 4  # a file a cell
+    traces = sorted((tmp_path / "traces").glob("*.jsonl"))
+    assert len(traces) == 4 and all(t.name.startswith(("plain.", "nospec.")) for t in traces)
+    steps = [json.loads(line) for line in traces[0].read_text().splitlines()]
+    assert sum(s["prefill_tokens"] for s in steps) >= 3 * 16 and all(s["seconds"] > 0 for s in steps)
 
 
 def test_one_slot_count_given_is_used_without_a_sweep(peers: Any) -> None:
@@ -150,3 +186,18 @@ def test_one_slot_count_given_is_used_without_a_sweep(peers: Any) -> None:
                              "--tokenizer", "t.json"])
     side, cells = peers.choose_np(args, [], "warm up")
     assert (side.name, side.np, cells) == ("llama-np8", 8, [])
+
+
+def test_step_traces_summarize_the_slow_steps_of_each_side(peers: Any, tmp_path: Path) -> None:
+    def line(decode: int, prefill: int, seconds: float, predicted: float | None) -> str:
+        return json.dumps({"decode_rows": decode, "prefill_tokens": prefill, "verify_rows": 0,
+                           "seconds": seconds, "predicted": predicted})
+
+    (tmp_path / "slo.1.jsonl").write_text("\n".join([line(4, 0, 0.02, None), line(4, 16, 0.1, 0.08),
+                                                     line(0, 900, 3.0, 2.0), line(4, 500, 2.0, 2.0)]))
+    (tmp_path / "slo-nospec.2.jsonl").write_text(line(1, 0, 0.01, 0.01))  # another side's file
+    out = peers.trace_summary(tmp_path, ["slo", "absent"])
+    assert list(out) == ["slo"] and out["slo"]["steps"] == 4 and out["slo"]["max ms"] == 3000.0
+    # the 900-token step had nobody decoding: not part of the ITL tail
+    assert [s["prefill_tokens"] for s in out["slo"]["slowest steps with decodes"]] == [500, 16, 0]
+    assert out["slo"]["median prediction error"] == pytest.approx(0.2)  # of 0.2, 0.333 and 0 (None: no prediction)

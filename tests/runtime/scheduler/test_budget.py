@@ -102,13 +102,15 @@ def test_a_prompt_near_its_ttft_target_gets_the_tokens_it_needs() -> None:
     assert budget(ttft=1.0, now=0.9).tokens(decoding, [_req("a", 900, arrival_s=0.3), _req("b", 100)]) == 50
 
 
-def _serve(itl_slo: float) -> tuple[float, float]:
-    """Streams decode while long prompts arrive; returns (ITL p99, mean TTFT) in seconds
-    of the fake machine's virtual time."""
+def _serve(itl_slo: float, ttft_slo: float | None = None, itl_stretch: float = 2.0,
+           gap: str = "p99") -> tuple[float, float]:
+    """Streams decode while long prompts arrive; returns (ITL p99, or the longest gap, and
+    mean TTFT) in seconds of the fake machine's virtual time."""
     now = [0.0]
     cost = trained()
     sim = Sim(num_pages=20000, prefix_cache=False, max_running=64, max_prefill_tokens=2048, chunked_prefill_size=16,
-              budget=LatencyTargetBudget(cost, itl_slo, None, 16, 2048, clock=lambda: now[0]),
+              budget=LatencyTargetBudget(cost, itl_slo, ttft_slo, 16, 2048, clock=lambda: now[0],
+                                         itl_stretch=itl_stretch),
               clock=lambda: now[0])
     for i in range(4):
         sim.add(f"s{i}", list(range(1000 * (i + 1), 1000 * (i + 1) + 37)), 200)  # distinct: no cache hits
@@ -133,7 +135,7 @@ def _serve(itl_slo: float) -> tuple[float, float]:
             last[rid] = now[0]
         step += 1
     gaps.sort()
-    return gaps[int(0.99 * (len(gaps) - 1))], sum(first.values()) / len(first)
+    return gaps[int(0.99 * (len(gaps) - 1)) if gap == "p99" else -1], sum(first.values()) / len(first)
 
 
 def test_a_tighter_itl_target_gives_lower_itl_p99_and_higher_ttft() -> None:
@@ -143,10 +145,40 @@ def test_a_tighter_itl_target_gives_lower_itl_p99_and_higher_ttft() -> None:
     assert tight_itl <= 0.025 + 1e-9  # the target held, on the machine the model learnt
 
 
+def test_a_late_prompt_stretches_a_step_to_at_most_itl_stretch_times_the_target() -> None:
+    """ITL 30 ms, 4 streams decoding (steps of 18 ms + 0.1 ms a prompt token): the ITL
+    rule allows 120 prompt tokens; a late 900-token prompt asks for all 900 (a 108 ms
+    step), and gets 420 (a 60 ms step, 2 x 30 ms); a prompt that needs less than the cap
+    gets what it needs; with no ITL target the late prompt still gets all of it."""
+    decoding = _decoding(4)
+    assert budget(itl=0.030, now=2.0).tokens(decoding, [_req("w", 900)]) == 120
+    assert abs(budget(itl=0.030, ttft=1.0, now=2.0).tokens(decoding, [_req("w", 900)]) - 420) <= 1  # a fit
+    assert budget(itl=0.030, ttft=1.0, now=0.9).tokens(decoding, [_req("w", 900)]) == 180
+    assert budget(ttft=1.0, now=2.0).tokens(decoding, [_req("w", 900)]) == 900
+    unbounded = LatencyTargetBudget(trained(), 0.030, 1.0, 16, 2048, clock=lambda: 2.0, itl_stretch=1e6)
+    assert unbounded.tokens(decoding, [_req("w", 900)]) == 900  # the rule before the cap
+
+
+def test_late_prompts_no_longer_stall_running_streams() -> None:
+    """A TTFT target (30 ms) no 600-token prompt can meet in small chunks: each one asks
+    for all its tokens at once. Without the cap that step stalls the running streams
+    (a gap of 78 ms); with it no gap passes 2 x the 25 ms ITL target, and the TTFT target
+    still buys a lower TTFT than the ITL target alone."""
+    stalled, _ = _serve(itl_slo=0.025, ttft_slo=0.03, itl_stretch=1e6, gap="max")
+    capped, capped_ttft = _serve(itl_slo=0.025, ttft_slo=0.03, gap="max")
+    _, itl_only_ttft = _serve(itl_slo=0.025)
+    assert stalled > 0.070
+    assert capped <= 2 * 0.025 + 1e-9
+    assert capped_ttft < itl_only_ttft
+
+
 def test_bad_targets_are_refused_at_start() -> None:
     for bad in ({"itl_slo": 0.0}, {"ttft_slo": -1.0}, {"ttft_slo": 0.01, "itl_slo": 0.05}):
         with pytest.raises(InvalidRequestError, match="slo"):
             EngineConfig(**bad)  # type: ignore[arg-type]
+    for stretch in (0.5, -1.0):
+        with pytest.raises(InvalidRequestError, match="itl_stretch"):
+            EngineConfig(itl_stretch=stretch)
     with pytest.raises(InvalidRequestError, match="itl_slo"):
         SamplingParams(itl_slo=0)
     args = build_parser().parse_args(["serve", "--itl-slo", "0.05", "--ttft-slo", "2"])

@@ -73,3 +73,28 @@ def test_predicts_measured_step_times_of_a_real_engine(tiny_llama_dir: Path) -> 
         model.observe(shape, seconds)
     assert len(errors) > 100
     assert statistics.median(errors) < MAX_MEDIAN_RELATIVE_ERROR, statistics.median(errors)
+
+
+def test_step_trace_writes_a_line_per_step(tiny_llama_dir: Path, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ARBOR_STEP_TRACE``: one JSON line per step with its rows, measured seconds and the
+    prediction the cost model made before the step (None until it has measured enough)."""
+    import json
+
+    trace = tmp_path / "steps.jsonl"
+    monkeypatch.setenv("ARBOR_STEP_TRACE", str(trace))
+    engine = Engine(model=str(tiny_llama_dir), num_threads=1, page_size=4, num_pages=1024, speculation=False,
+                    disable_prefix_cache=True, chunked_prefill_size=16)
+    prompts = [[5 + j % 90 for j in range(40)], [7 + j % 80 for j in range(24)]]
+    try:
+        engine.generate(input_ids=prompts, sampling_params=SamplingParams(max_new_tokens=12, temperature=0.0,
+                                                                          ignore_eos=True))
+        passes = engine._core.forward_passes
+    finally:
+        engine.close()
+    steps = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert len(steps) == passes
+    assert sum(s["prefill_tokens"] for s in steps) == 64  # every prompt token, once
+    assert sum(s["decode_rows"] for s in steps) == 2 * 11  # the first token comes from prefill
+    assert steps[0]["predicted"] is None and steps[-1]["predicted"] > 0
+    assert all(s["seconds"] > 0 for s in steps)
