@@ -86,6 +86,14 @@ class EngineConfig:
     retention_max_pages: int | None = setting(
         None, "KV pages one owner (a tenant, or a DSL run) may keep pinned by retention; a pin past "
         "it is refused and logged (default: a quarter of the KV pool)")
+    kv_tier_dir: str | None = setting(
+        None, "a directory on local disk for the KV cache's second tier: pages the prefix cache evicts "
+        "are written there (in the background) and reloaded, instead of recomputed, by a later "
+        "request with the same prefix; default: no tier (evicted pages are dropped)")
+    kv_tier_max_bytes: int = setting(4 * 2**30, "size of the second tier's file in bytes (preallocated; "
+                                     "least recently used pages go when it is full)")
+    kv_tier_int8: bool = setting(False, "store a float KV pool's pages in the tier as int8 rows with one "
+                                 "scale each (~3.8x the pages; a reload is then as exact as an int8 pool)")
     schedule_policy: SchedulePolicy = setting("lpm", "order of the waiting queue: 'lpm' (longest "
                                               "cached prefix first) or 'fcfs'")
     lpm_max_overtakes: int | None = setting(
@@ -151,7 +159,8 @@ class EngineConfig:
 
         for name in ("max_model_len", "page_size", "num_pages", "max_running_requests",
                      "max_prefill_tokens", "chunked_prefill_size", "num_threads", "tensor_parallel_size",
-                     "nnodes", "grammar_max_bytes", "lpm_max_overtakes", "retention_max_pages"):
+                     "nnodes", "grammar_max_bytes", "lpm_max_overtakes", "retention_max_pages",
+                     "kv_tier_max_bytes"):
             positive(name)
         self._check_distributed()
         if self.decode_reserve_tokens < 0:
