@@ -90,9 +90,9 @@ class DiskTier(KVTier):
         num_slots = max_bytes // self.slot_bytes
         if num_slots < 1:
             raise ValueError(f"kv_tier_max_bytes={max_bytes} holds no page of {self.slot_bytes} bytes")
+        self._file, self._map = _open_file(Path(directory), num_slots * self.slot_bytes)  # NOTE: first: it may fail
         self.index = TierIndex(num_slots, ps)
         self.max_pending_bytes = max_pending_bytes
-        self._file, self._map = _open_file(Path(directory), num_slots * self.slot_bytes)
         self._slots = np.frombuffer(self._map, dtype=np.uint8).reshape(num_slots, self.slot_bytes)
         self._staged: dict[int, np.ndarray] = {}  # slot -> its bytes, until written (index.lock)
         self._pending_bytes = 0
