@@ -50,9 +50,7 @@ def run_case(engine: Engine, ids: list[int], case: str) -> tuple[float, int, int
         engine.flush_cache()
     elif case == "tier_hit":
         engine.flush_cache(to_tier=True)
-        flush = getattr(engine.tier, "flush", None)
-        if flush is not None:
-            flush()
+        engine.wait_tier_writes()
     return one_request(engine, ids)
 
 

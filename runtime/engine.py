@@ -404,6 +404,15 @@ class Engine:
         prefixes are released on the engine's next step (``runtime/cache/retention.py``)."""
         self._core.release_session(session_id)
 
+    def end_session_now(self, session_id: str) -> int | None:
+        """End a retention session between two steps (``end_session`` posts it to the next
+        one): its pins are released before this returns. Returns the pages it pinned, or
+        None when no such session is live (never pinned, dropped, or ended before)."""
+        with self._core.between_steps():
+            if not self.cache.has_session(session_id):
+                return None
+            return self.cache.release(session_id)
+
     def flush_cache(self, to_tier: bool = False) -> int:
         """Evict every unlocked page of the prefix cache (SGLang's ``/flush_cache``); the
         pages running requests hold stay. The second tier (``kv_tier_dir``) is emptied too,
@@ -414,6 +423,11 @@ class Engine:
             if not to_tier:
                 self.tier.clear()
             return freed
+
+    def wait_tier_writes(self, timeout: float = 60.0) -> bool:
+        """Block until the pages evicted so far are written to the second tier
+        (``kv_tier_dir``; they are written in the background). False on timeout."""
+        return self.tier.flush(timeout)
 
     # ---- introspection --------------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:

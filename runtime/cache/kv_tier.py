@@ -94,6 +94,10 @@ class KVTier(ABC):
         """Pages the tier holds."""
 
     @abstractmethod
+    def flush(self, timeout: float = 60.0) -> bool:
+        """Wait until every store has reached the medium (tests, benchmarks); False on timeout."""
+
+    @abstractmethod
     def clear(self) -> int:
         """Drop every unlocked page; returns how many."""
 
@@ -131,6 +135,9 @@ class NoTier(KVTier):
     @property
     def num_pages(self) -> int:
         return 0
+
+    def flush(self, timeout: float = 60.0) -> bool:
+        return True
 
     def clear(self) -> int:
         return 0

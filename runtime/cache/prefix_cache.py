@@ -92,6 +92,11 @@ class PrefixCache(ABC):
     def release(self, session_id: str) -> int:
         """The session ended: unpin its prefixes at once. Returns the pages it pinned."""
 
+    def has_session(self, session_id: str) -> bool:
+        """Whether ``session_id`` is a live retention session (it pinned something and has
+        neither ended nor been dropped). A cache that pins nothing has none."""
+        return False
+
     @property
     @abstractmethod
     def num_retained_pages(self) -> int:

@@ -281,6 +281,9 @@ class RadixTree(PrefixCache):
         self._drop(session)
         return before - self._retained
 
+    def has_session(self, session_id: str) -> bool:
+        return session_id in self.retention.sessions
+
     def _drop(self, session: RetainedSession) -> None:
         """Unpin every prefix of ``session``; what it alone held goes first on eviction."""
         self.retention.pop(session.session_id)

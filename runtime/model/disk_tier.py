@@ -123,24 +123,27 @@ class DiskTier(KVTier):
 
     def load(self, match: TierMatch, pages: list[int]) -> int:
         assert len(pages) == len(match.slots), "one pool page per tier page"
-        data = np.empty((len(pages), self.slot_bytes), dtype=np.uint8)
-        good = 0
-        for i, slot in enumerate(match.slots):
+        good: list[tuple[int, np.ndarray | None]] = []  # (slot, its staged bytes or None: the file's)
+        for slot in match.slots:
             try:
-                ok = self._read(slot, data[i])
+                source = self._verified(slot)
             except OSError:  # NOTE: a failing disk costs a recompute, never the request
                 log.exception("KV tier read failed")
-                ok = False
-            if not ok:
+                source = False
+            if source is False:
                 self.stats.corrupt_pages += 1
                 self.index.drop(slot)
                 log.warning("KV tier page %d failed its checksum: dropped, recomputed instead", slot)
                 break
-            good += 1
-        if good:
-            self._scatter(torch.from_numpy(data[:good]), pages[:good])
-        self.stats.loaded_pages += good
-        return good * self.page_size
+            good.append((slot, source if isinstance(source, np.ndarray) else None))
+        # NOTE: straight from the mapping into the pool, a run of consecutive slots at a
+        # time (a prefix's pages are stored in order, so mostly one run): no copy between
+        for start, stop in _runs([s if staged is None else None for s, staged in good]):
+            slot, staged = good[start]
+            data = staged[None] if staged is not None else self._slots[slot : slot + stop - start]
+            self._scatter(torch.from_numpy(data), pages[start:stop])
+        self.stats.loaded_pages += len(good)
+        return len(good) * self.page_size
 
     def store(self, token_ids: list[int], namespace: Namespace, pages: list[int]) -> None:
         if self._closed or not pages:
@@ -183,7 +186,6 @@ class DiskTier(KVTier):
         assert staged <= set(self.index.slots_by_age()), "staged bytes for a slot the tier dropped"
 
     def flush(self, timeout: float = 60.0) -> bool:
-        """Wait until every store is written (tests, benchmarks); False on timeout."""
         deadline = time.monotonic() + timeout
         while self.index.num_pending:
             if time.monotonic() > deadline:
@@ -253,16 +255,15 @@ class DiskTier(KVTier):
             rows += [(k, k_scale), (v, v_scale)]
         return rows
 
-    def _read(self, slot: int, out: np.ndarray) -> bool:
-        """Copy ``slot``'s bytes into ``out``; False if they fail their checksum."""
+    def _verified(self, slot: int) -> np.ndarray | bool:
+        """``slot``'s staged bytes while its write is pending; else True if its bytes in
+        the file pass their checksum, False if not."""
         with self.index.lock:
             staged = self._staged.get(slot)
-        crc = self.index.checksum(slot)
+        crc = self.index.checksum(slot)  # NOTE: after: the writer sets it before dropping the staging
         if staged is not None:
-            out[:] = staged
-            return True
-        out[:] = self._slots[slot]
-        return crc is not None and zlib.crc32(out.data) == crc
+            return staged
+        return crc is not None and zlib.crc32(self._slots[slot].data) == crc
 
     def _write_loop(self) -> None:
         while (item := self._queue.get()) is not None:
@@ -278,6 +279,19 @@ class DiskTier(KVTier):
                 with self.index.lock:
                     self._staged.pop(slot, None)
                     self._pending_bytes -= staged[i].nbytes
+
+
+def _runs(slots: list[int | None]) -> list[tuple[int, int]]:
+    """``[start, stop)`` index ranges of ``slots`` holding consecutive slot numbers (a None
+    stands alone)."""
+    runs: list[tuple[int, int]] = []
+    for i, slot in enumerate(slots):
+        prev = slots[i - 1] if i else None
+        if runs and slot is not None and prev is not None and slot == prev + 1:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    return runs
 
 
 def _page_bytes(x: torch.Tensor, page_size: int) -> torch.Tensor:  # [num_pages, page bytes] uint8

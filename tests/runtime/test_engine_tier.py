@@ -43,8 +43,7 @@ def run(engine: Engine, ids: list[int], tenant: str | None = None) -> RequestOut
 
 
 def settle(engine: Engine) -> None:
-    tier = engine.tier
-    assert isinstance(tier, DiskTier) and tier.flush()
+    assert engine.wait_tier_writes()
 
 
 def test_pages_evicted_under_pressure_are_reloaded_with_the_same_tokens(engine: Engine) -> None:
