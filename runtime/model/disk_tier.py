@@ -215,7 +215,8 @@ class DiskTier(KVTier):
 
     def _gather(self, pages: list[int]) -> torch.Tensor:  # [len(pages), slot_bytes] uint8
         """The pages' K/V (and scales) out of the pool, in the slot layout."""
-        out = torch.zeros(len(pages), self.slot_bytes, dtype=torch.uint8)
+        out = torch.empty(len(pages), self.slot_bytes, dtype=torch.uint8)
+        out[:, self._code_bytes + self._rows * self._scale_elems * 4 :] = 0  # the alignment padding
         codes, scales = self._views(out)
         index = torch.tensor(pages, dtype=torch.long)
         for row, (x, x_scale) in enumerate(self._pool_rows()):
