@@ -193,6 +193,9 @@ class EngineConfig:
         if self.ttft_slo is not None and self.itl_slo is not None and self.ttft_slo < self.itl_slo:
             raise InvalidRequestError(f"ttft_slo ({self.ttft_slo} s) below itl_slo ({self.itl_slo} s) cannot be "
                                       "met: a first token takes at least one step")
+        if self.kv_tier_dir is not None and self.tensor_parallel_size > 1:
+            # NOTE: a reload writes the leader's KV pool only; each rank holds its own shard
+            raise InvalidRequestError("kv_tier_dir is not supported with tensor_parallel_size > 1")
         if self.num_pages is not None and self.num_pages < 2:
             raise InvalidRequestError("num_pages must be >= 2 (page 0 is the padding page)")
         if self.prefix_cache_max_pages is not None and not (

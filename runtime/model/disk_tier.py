@@ -323,6 +323,9 @@ def make_tier(kv: KVCache, directory: str | None, max_bytes: int, int8: bool) ->
     made: logged, and the engine serves without a tier)."""
     if directory is None:
         return NoTier()
+    if kv.k[0].device.type != "cpu":
+        log.warning("KV tier disabled: the disk tier is the CPU path's (the KV pool is on %s)", kv.k[0].device)
+        return NoTier()
     try:
         return DiskTier(kv, directory, max_bytes, int8)
     except TierUnavailableError as exc:

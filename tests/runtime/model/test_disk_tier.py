@@ -192,3 +192,10 @@ def test_an_unusable_directory_is_a_typed_error_and_a_logged_downgrade(
 def test_a_bound_below_one_page_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="holds no page"):
         DiskTier(filled_kv(torch.float32), tmp_path, 100)
+
+
+def test_a_pool_off_the_cpu_gets_no_disk_tier(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    kv = KVCache(1, 4, PS, HEADS, DIM, torch.float32, torch.device("meta"))
+    with caplog.at_level(logging.WARNING, logger="arbor.kv_tier"):
+        assert isinstance(make_tier(kv, str(tmp_path), 2**20, False), NoTier)
+    assert "the CPU path's" in caplog.text
