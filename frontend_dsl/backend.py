@@ -146,10 +146,11 @@ class Backend(ABC):
         """Stream a continuation of ``input_ids``; the last chunk has ``finish_reason``."""
 
     @abstractmethod
-    async def score(self, input_ids: list[int], start: int) -> list[float]:
+    async def score(self, input_ids: list[int], start: int, run_id: str | None = None) -> list[float]:
         """``log p(input_ids[i] | input_ids[:i])`` for every ``i`` in ``[start, len)``.
 
-        ``start`` must be >= 1 (the first token has no context).
+        ``start`` must be >= 1 (the first token has no context). ``run_id``: the program
+        run asking (a ``select``'s scoring is kept for the run like its ``gen``s).
         """
 
     async def cache_prefix(self, input_ids: list[int], run_id: str | None = None) -> None:  # noqa: B027

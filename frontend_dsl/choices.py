@@ -20,10 +20,12 @@ from frontend_dsl.primitives import Select
 from frontend_dsl.tokens import plan_append
 
 
-async def decide(backend: Backend, ids: list[int], spec: Select) -> tuple[int, dict[str, Any]]:
-    """The index of the chosen choice and the select's meta (scores, token logprobs...)."""
+async def decide(backend: Backend, ids: list[int], spec: Select,
+                 run_id: str | None = None) -> tuple[int, dict[str, Any]]:
+    """The index of the chosen choice and the select's meta (scores, token logprobs...);
+    ``run_id``: the program run asking (its scoring requests are kept for it)."""
     spans, start = score_spans(ids, spec.choices, backend)
-    logprobs = list(await asyncio.gather(*(backend.score(full, start) for full in spans)))
+    logprobs = list(await asyncio.gather(*(backend.score(full, start, run_id=run_id) for full in spans)))
     unconditional = None
     if spec.needs_unconditional:
         unconditional = list(await asyncio.gather(*(_unconditional(backend, full[start:]) for full in spans)))

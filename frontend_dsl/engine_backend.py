@@ -34,9 +34,9 @@ def to_sampling_params(params: GenParams, retention: Retention | None = None) ->
     return SamplingParams(**kwargs)
 
 
-def scoring_params(start: int) -> SamplingParams:
+def scoring_params(start: int, retention: Retention | None = None) -> SamplingParams:
     """Prefill-only request returning prompt logprobs from position ``start`` on."""
-    return SamplingParams(max_new_tokens=0, prompt_logprobs=True, logprob_start_len=start)
+    return SamplingParams(max_new_tokens=0, prompt_logprobs=True, logprob_start_len=start, retention=retention)
 
 
 class EngineBackend(Backend):
@@ -90,8 +90,9 @@ class EngineBackend(Backend):
                            top_logprobs=out.top_logprobs, prompt_logprobs=out.prompt_logprobs,
                            num_tier_cached_tokens=out.num_tier_cached_tokens)
 
-    async def score(self, input_ids: list[int], start: int) -> list[float]:
-        out = await self.engine.agenerate(input_ids=input_ids, sampling_params=scoring_params(start))
+    async def score(self, input_ids: list[int], start: int, run_id: str | None = None) -> list[float]:
+        params = scoring_params(start, self._retention(run_id))
+        out = await self.engine.agenerate(input_ids=input_ids, sampling_params=params)
         if out.error is not None or out.prompt_logprobs is None:
             raise GenerationError(f"engine returned no prompt logprobs: {out.error}")
         logprobs = out.prompt_logprobs[start:]

@@ -204,7 +204,7 @@ class Executor:
     async def _select(self, node: Node) -> str:
         spec: Select = node.payload
         data = self.streams[node.stream_id]
-        best, meta = await decide(self.backend, data.ids, spec)
+        best, meta = await decide(self.backend, data.ids, spec, run_id=self.run_id)
         choice = spec.choices[best]
         data.append_text(choice, self.backend)
         self._emit(node.stream_id, choice, spec.name, final=True)

@@ -57,6 +57,7 @@ class FakeBackend(Backend):
         self.num_cached_tokens = 0
         self._cached: list[tuple[int, ...]] = []
         self.ended_runs: list[str] = []  # end_run calls, in order
+        self.scored_runs: list[str | None] = []  # the run_id of each score call, in order
 
     def encode(self, text: str) -> list[int]:
         return self.codec.encode(text)
@@ -96,7 +97,8 @@ class FakeBackend(Backend):
         cut = min((text.index(s) for s in params.stop if s in text), default=len(text))
         return self.encode(text[:cut])[: params.max_tokens]
 
-    async def score(self, input_ids: list[int], start: int) -> list[float]:
+    async def score(self, input_ids: list[int], start: int, run_id: str | None = None) -> list[float]:
+        self.scored_runs.append(run_id)
         self._hit(input_ids)
         self._cached.append(tuple(input_ids))
         return [self.logprob_fn(input_ids[:i], input_ids[i]) for i in range(start, len(input_ids))]

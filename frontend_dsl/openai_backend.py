@@ -140,7 +140,7 @@ class OpenAIBackend(Backend):
             return [None] * len(input_ids)
         return [None] * start + list[float | None](await self.score(input_ids, start))
 
-    async def score(self, input_ids: list[int], start: int) -> list[float]:
+    async def score(self, input_ids: list[int], start: int, run_id: str | None = None) -> list[float]:
         if self.chat_mode:
             raise GenerationError("select needs log-probabilities of given text, which chat completions "
                                   "cannot score; give OpenAIBackend the model's tokenizer= (completions mode)")

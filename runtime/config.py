@@ -89,6 +89,14 @@ class EngineConfig:
     retention_max_pages: int | None = setting(
         None, "KV pages one owner (a tenant, or a DSL run) may keep pinned by retention; a pin past "
         "it is refused and logged (default: a quarter of the KV pool)")
+    kv_tier_dir: str | None = setting(
+        None, "a directory on local disk for the KV cache's second tier: pages the prefix cache evicts "
+        "are written there (in the background) and reloaded, instead of recomputed, by a later "
+        "request with the same prefix; default: no tier (evicted pages are dropped)")
+    kv_tier_max_bytes: int = setting(4 * 2**30, "size of the second tier's file in bytes (preallocated; "
+                                     "least recently used pages go when it is full)")
+    kv_tier_int8: bool = setting(False, "store a float KV pool's pages in the tier as int8 rows with one "
+                                 "scale each (~3.8x the pages; a reload is then as exact as an int8 pool)")
     schedule_policy: SchedulePolicy = setting("lpm", "order of the waiting queue: 'lpm' (longest "
                                               "cached prefix first) or 'fcfs'")
     lpm_max_overtakes: int | None = setting(
@@ -154,7 +162,8 @@ class EngineConfig:
 
         for name in ("max_model_len", "page_size", "num_pages", "max_running_requests",
                      "max_prefill_tokens", "chunked_prefill_size", "num_threads", "tensor_parallel_size",
-                     "nnodes", "grammar_max_bytes", "lpm_max_overtakes", "retention_max_pages"):
+                     "nnodes", "grammar_max_bytes", "lpm_max_overtakes", "retention_max_pages",
+                     "kv_tier_max_bytes"):
             positive(name)
         self._check_distributed()
         if self.decode_reserve_tokens < 0:
@@ -189,6 +198,9 @@ class EngineConfig:
         if self.ttft_slo is not None and self.itl_slo is not None and self.ttft_slo < self.itl_slo:
             raise InvalidRequestError(f"ttft_slo ({self.ttft_slo} s) below itl_slo ({self.itl_slo} s) cannot be "
                                       "met: a first token takes at least one step")
+        if self.kv_tier_dir is not None and self.tensor_parallel_size > 1:
+            # NOTE: a reload writes the leader's KV pool only; each rank holds its own shard
+            raise InvalidRequestError("kv_tier_dir is not supported with tensor_parallel_size > 1")
         if self.num_pages is not None and self.num_pages < 2:
             raise InvalidRequestError("num_pages must be >= 2 (page 0 is the padding page)")
         if self.prefix_cache_max_pages is not None and not (

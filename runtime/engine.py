@@ -22,6 +22,7 @@ import jinja2
 import torch
 
 from runtime import env
+from runtime.cache.kv_tier import NoTier
 from runtime.cache.namespace import cache_namespace, check_cache_salt
 from runtime.cache.no_prefix_cache import NoPrefixCache
 from runtime.cache.page_pool import PagePool
@@ -39,6 +40,7 @@ from runtime.engine_setup import (
     prefix_cache_max_pages,
 )
 from runtime.errors import EngineFailedError, InvalidRequestError, PromptTooLongError, check_unicode
+from runtime.model.disk_tier import make_tier
 from runtime.model.kv_cache import KVCache
 from runtime.model.loader import eos_token_ids
 from runtime.model.runner import ModelRunner
@@ -86,9 +88,11 @@ class Engine:
         self.pool = PagePool(num_pages, cfg.page_size)
         self.kv = KVCache(args.num_layers, num_pages, cfg.page_size, args.num_kv_heads,
                           args.head_dim, loaded.kv_dtype, self.device)
+        self.tier = NoTier() if cfg.disable_prefix_cache else make_tier(
+            self.kv, cfg.kv_tier_dir, cfg.kv_tier_max_bytes, cfg.kv_tier_int8)
         self.cache: PrefixCache = NoPrefixCache(self.pool) if cfg.disable_prefix_cache else RadixTree(
             self.pool, prefix_cache_max_pages(cfg, self.device, loaded.memory.kv_bytes_per_token),
-            retention_max_pages=cfg.retention_max_pages)
+            retention_max_pages=cfg.retention_max_pages, tier=self.tier)
         assert cfg.chunked_prefill_size is not None and cfg.spec_fixed_cost_rows is not None
         self.cost_model = StepCostModel()  # step times, learnt online (speculation gate)
         self.scheduler = Scheduler(self.pool, self.cache, make_policy(cfg.schedule_policy, cfg.fair_scheduling,
@@ -400,11 +404,30 @@ class Engine:
         prefixes are released on the engine's next step (``runtime/cache/retention.py``)."""
         self._core.release_session(session_id)
 
-    def flush_cache(self) -> int:
-        """Evict every unlocked page of the prefix cache (SGLang's ``/flush_cache``); the
-        pages running requests hold stay. Returns the number of pages evicted."""
+    def end_session_now(self, session_id: str) -> int | None:
+        """End a retention session between two steps (``end_session`` posts it to the next
+        one): its pins are released before this returns. Returns the pages it pinned, or
+        None when no such session is live (never pinned, dropped, or ended before)."""
         with self._core.between_steps():
-            return self.cache.evict(self.cache.num_evictable_pages)
+            if not self.cache.has_session(session_id):
+                return None
+            return self.cache.release(session_id)
+
+    def flush_cache(self, to_tier: bool = False) -> int:
+        """Evict every unlocked page of the prefix cache (SGLang's ``/flush_cache``); the
+        pages running requests hold stay. The second tier (``kv_tier_dir``) is emptied too,
+        unless ``to_tier``: then the evicted pages go to it, as under memory pressure.
+        Returns the number of pages evicted from the pool."""
+        with self._core.between_steps():
+            freed = self.cache.evict(self.cache.num_evictable_pages, offload=to_tier)
+            if not to_tier:
+                self.tier.clear()
+            return freed
+
+    def wait_tier_writes(self, timeout: float = 60.0) -> bool:
+        """Block until the pages evicted so far are written to the second tier
+        (``kv_tier_dir``; they are written in the background). False on timeout."""
+        return self.tier.flush(timeout)
 
     # ---- introspection --------------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
@@ -424,6 +447,7 @@ class Engine:
         """Stop the loop after its current step; requests still in flight end as aborted
         with an error, so no caller waits for them forever. Idempotent."""
         self._core.close()
+        self.tier.close()
         if self._grammar is not None:
             self._grammar.close()
         if self._tp is not None:

@@ -285,7 +285,7 @@ class EngineCore:
     def metrics(self) -> dict[str, float]:
         """Counters and gauges (exported by the server). O(1) counters, never a tree walk:
         other threads read them mid-step."""
-        sched, spec = self.scheduler, self.outputs.spec
+        sched, spec, tier = self.scheduler, self.outputs.spec, self.scheduler.cache.tier
         total = sched.pool.num_usable_pages
         with sched.pool.lock:  # whole page moves only (see PagePool)
             free, evictable = sched.pool.num_free_pages, sched.cache.num_evictable_pages
@@ -299,6 +299,9 @@ class EngineCore:
             "retention_pins_refused": sched.cache.num_refused_pins,
             "cache_hit_rate": s.cache_hit_rate, "prompt_tokens": s.prompt_tokens,
             "cached_prompt_tokens": s.cached_prompt_tokens, "prefill_tokens": s.prefill_tokens,
+            "tier_cached_prompt_tokens": s.tier_cached_prompt_tokens, "kv_tier_pages": tier.num_pages,
+            "kv_tier_stored_pages": tier.stats.stored_pages, "kv_tier_dropped_pages": tier.stats.dropped_pages,
+            "kv_tier_corrupt_pages": tier.stats.corrupt_pages,
             "decode_tokens": s.decode_tokens, "num_retractions": s.num_retractions,
             "num_aborts": s.num_aborts, "num_finished": self.outputs.num_finished,
             "forward_passes": self.forward_passes,

@@ -47,7 +47,7 @@ class NoPrefixCache(PrefixCache):
     def num_refused_pins(self) -> int:
         return 0
 
-    def evict(self, num_pages: int) -> int:
+    def evict(self, num_pages: int, offload: bool = True) -> int:
         return 0
 
     @property

@@ -24,6 +24,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.cache.kv_tier import KVTier, NoTier
 from runtime.cache.namespace import Namespace
 from runtime.cache.retention import Retention
 
@@ -41,6 +42,10 @@ EMPTY_MATCH = PrefixMatch(0, [], None)
 
 
 class PrefixCache(ABC):
+    # Where evicted pages go and come back from (``kv_tier.py``); a cache without one
+    # drops them.
+    tier: KVTier = NoTier()
+
     @abstractmethod
     def match_prefix(self, token_ids: list[int], namespace: Namespace = None) -> PrefixMatch:
         """Longest cached, page-aligned prefix of ``token_ids`` in ``namespace`` (not locked)."""
@@ -87,6 +92,11 @@ class PrefixCache(ABC):
     def release(self, session_id: str) -> int:
         """The session ended: unpin its prefixes at once. Returns the pages it pinned."""
 
+    def has_session(self, session_id: str) -> bool:
+        """Whether ``session_id`` is a live retention session (it pinned something and has
+        neither ended nor been dropped). A cache that pins nothing has none."""
+        return False
+
     @property
     @abstractmethod
     def num_retained_pages(self) -> int:
@@ -98,9 +108,10 @@ class PrefixCache(ABC):
         """Pins ``retain`` refused because their owner's budget was spent."""
 
     @abstractmethod
-    def evict(self, num_pages: int) -> int:
+    def evict(self, num_pages: int, offload: bool = True) -> int:
         """Free up to ``num_pages`` unlocked pages to the pool: ended sessions' leaves
-        first, then LRU leaves, then pinned sessions (retention.py)."""
+        first, then LRU leaves, then pinned sessions (retention.py). With ``offload`` the
+        evicted pages go to the cache's second tier, if it has one (``kv_tier.py``)."""
 
     @property
     @abstractmethod

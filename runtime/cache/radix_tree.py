@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
+from runtime.cache.kv_tier import KVTier, NoTier
 from runtime.cache.namespace import Namespace
 from runtime.cache.page_pool import PagePool
 from runtime.cache.prefix_cache import EMPTY_MATCH, PrefixCache, PrefixMatch
@@ -83,11 +84,12 @@ class RadixTree(PrefixCache):
         retention_max_pages: each retention owner's pin budget in pages (None: a quarter
             of the pool).
         clock: seconds, for retention deadlines.
+        tier: where evicted pages go (``kv_tier.py``; NoTier: they are dropped).
     """
 
     def __init__(self, pool: PagePool, max_evictable_pages: int | None = None,
                  retention_max_pages: int | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, tier: KVTier | None = None) -> None:
         if max_evictable_pages is not None and max_evictable_pages < 0:
             raise ValueError(f"max_evictable_pages must be >= 0 or None, got {max_evictable_pages}")
         self.pool = pool
@@ -107,6 +109,7 @@ class RadixTree(PrefixCache):
         self.retention = RetentionTable(clock)
         self.retention_max_pages = retention_max_pages or max(1, pool.num_usable_pages // 4)
         self._retained = 0  # pages of pinned nodes
+        self.tier = tier or NoTier()
 
     # ---- lookup -------------------------------------------------------------------------
     def match_prefix(self, token_ids: list[int], namespace: Namespace = None) -> PrefixMatch:
@@ -278,6 +281,9 @@ class RadixTree(PrefixCache):
         self._drop(session)
         return before - self._retained
 
+    def has_session(self, session_id: str) -> bool:
+        return session_id in self.retention.sessions
+
     def _drop(self, session: RetainedSession) -> None:
         """Unpin every prefix of ``session``; what it alone held goes first on eviction."""
         self.retention.pop(session.session_id)
@@ -333,7 +339,7 @@ class RadixTree(PrefixCache):
 
     # ---- eviction -----------------------------------------------------------------------
     @_whole_move
-    def evict(self, num_pages: int) -> int:
+    def evict(self, num_pages: int, offload: bool = True) -> int:
         freed = 0
         while freed < num_pages:
             if not self._leaves:
@@ -347,6 +353,8 @@ class RadixTree(PrefixCache):
                 continue  # stale: evicted, locked, grown a child or touched since the push
             parent = leaf.parent
             assert parent is not None
+            if offload:  # NOTE: before the free: the tier copies the pages out
+                self.tier.store(self._path_tokens(leaf), self._namespace_of[self._root_of(parent)], leaf.pages)
             self.pool.free(leaf.pages)
             freed += len(leaf.pages)
             self._evictable -= len(leaf.pages)
@@ -356,6 +364,19 @@ class RadixTree(PrefixCache):
             if parent.parent is None and not parent.children and parent is not self.root:
                 del self._roots[self._namespace_of.pop(parent)]  # a namespace's last leaf
         return freed
+
+    def _path_tokens(self, node: _Node) -> list[int]:
+        """The tokens from ``node``'s namespace root to the end of its edge."""
+        keys = []
+        while node.parent is not None:
+            keys.append(node.key)
+            node = node.parent
+        return [t for key in reversed(keys) for t in key]
+
+    def _root_of(self, node: _Node) -> _Node:
+        while node.parent is not None:
+            node = node.parent
+        return node
 
     def _refresh(self, node: _Node) -> None:
         """Put ``node`` in or out of the evictable leaves after its lock or children changed."""

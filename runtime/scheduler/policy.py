@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 
+from runtime.cache.kv_tier import TIER_HIT_WEIGHT
 from runtime.cache.prefix_cache import PrefixCache
 from runtime.request import Request
 
@@ -67,15 +68,22 @@ class LongestPrefixMatchPolicy(SchedulePolicy):
               running: Sequence[Request] = ()) -> list[Request]:
         if len(waiting) > LPM_MAX_WAITING:
             return FCFSPolicy().order(waiting, cache)
-        matched = {id(r): cache.match_prefix(r.all_ids[:-1], r.cache_namespace).num_tokens for r in waiting}
+        matched = {id(r): _cached_worth(cache, r.all_ids[:-1], r.cache_namespace) for r in waiting}
         bound = self.max_overtakes
 
-        def key(r: Request) -> tuple[int, int, int]:
+        def key(r: Request) -> tuple[int, float, int]:
             if bound is not None and r.num_overtaken >= bound:
                 return (0, 0, r.arrival)  # aged: first come, first served
             return (1, -matched[id(r)], r.arrival)
 
         return sorted(waiting, key=key)
+
+
+def _cached_worth(cache: PrefixCache, ids: list[int], namespace: str | None) -> float:
+    """Cached tokens of ``ids``, a pool hit counting 1 and a tier hit ``TIER_HIT_WEIGHT``
+    (a reload is a copy: cheaper than a prefill, dearer than a pool hit)."""
+    pool = cache.match_prefix(ids, namespace).num_tokens
+    return pool + TIER_HIT_WEIGHT * cache.tier.match(ids, namespace, pool).num_tokens
 
 
 class FairPolicy(SchedulePolicy):

@@ -49,6 +49,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from runtime.cache.kv_tier import TierMatch
 from runtime.cache.page_pool import PADDING_PAGE, PagePool
 from runtime.cache.prefix_cache import EMPTY_MATCH, PrefixCache, PrefixMatch
 from runtime.request import Request, RequestStatus
@@ -247,15 +248,19 @@ class Scheduler:
                 continue
             if budget.tokens <= 0 or len(self.running) >= self.max_running:
                 break
-            match = self.cache.match_prefix(r.all_ids[: self._match_limit(r)], r.cache_namespace)
+            ids = r.all_ids[: self._match_limit(r)]
+            match = self.cache.match_prefix(ids, r.cache_namespace)
+            tier = self.cache.tier.match(ids, r.cache_namespace, match.num_tokens)
+            cached = match.num_tokens + tier.num_tokens
             # NOTE: only another request of the same namespace could serve r's prefix; deferring
             # r for one of another namespace would show r's caller that someone sent that prompt.
             same = [ids for ns, ids in admitted if ns == r.cache_namespace]
-            if self._shares_uncached_prefix(r, match.num_tokens, same):
+            if self._shares_uncached_prefix(r, cached, same):
                 self._deferred_budget = max(self._deferred_budget, budget.tokens)  # its share now
                 continue
-            n = min(r.seq_len - match.num_tokens, budget.tokens)
-            need = self.pool.pages_for_tokens(match.num_tokens + n) - len(match.pages)
+            n = min(r.seq_len - cached, budget.tokens)
+            # NOTE: reloaded pages need pool pages as computed ones do, but no prefill budget
+            need = self.pool.pages_for_tokens(cached + n) - len(match.pages)
             # Locking the match takes its unlocked pages out of the evictable count.
             taken = need + self.cache.num_unlocked_pages(match)
             # NOTE: a request admitted alone skips the decode reserve: it always fits
@@ -263,7 +268,7 @@ class Scheduler:
             reserve = self._reserve_for(r) + self._reserved_pages() if self.running else 0
             if taken + reserve > budget.pages:
                 break  # the pool is full for now; later requests would starve this one
-            self._start(r, match)
+            self._start(r, match, tier)
             items.append(PrefillItem(r, r.num_computed, n))
             admitted.append((r.cache_namespace, r.all_ids))
             budget.tokens -= n
@@ -289,13 +294,15 @@ class Scheduler:
                 return True
         return False
 
-    def _start(self, r: Request, match: PrefixMatch) -> None:
+    def _start(self, r: Request, match: PrefixMatch, tier: TierMatch) -> None:
         self.cache.lock(match)
         r.prefix, r.pages, r.num_computed = match, list(match.pages), match.num_tokens
+        loaded = self._reload(r, tier)
         if not r.admitted_once:
-            r.num_cached_tokens = match.num_tokens
+            r.num_cached_tokens, r.num_tier_cached_tokens = match.num_tokens + loaded, loaded
             self.stats.prompt_tokens += len(r.prompt_ids)
-            self.stats.cached_prompt_tokens += match.num_tokens
+            self.stats.cached_prompt_tokens += match.num_tokens + loaded
+            self.stats.tier_cached_prompt_tokens += loaded
             r.admitted_once = True
         r.status = RequestStatus.RUNNING
         self.waiting.remove(r)
@@ -307,6 +314,24 @@ class Scheduler:
                     w.num_overtaken += 1
         self.running.append(r)
         self._admitted_at[id(r)] = next(self._admission)
+
+    def _reload(self, r: Request, tier: TierMatch) -> int:
+        """Copy ``tier``'s pages (right after ``r``'s pool prefix) into fresh pool pages of
+        ``r``'s; returns the tokens reloaded (fewer than matched when a page fails its
+        check: the pages from there on are ``r``'s own, to compute)."""
+        if not tier.num_tokens:
+            return 0
+        self.cache.tier.lock(tier)  # NOTE: the eviction below stores into the tier: keep ours
+        try:
+            num_pages = len(tier.slots)
+            if num_pages > self.pool.num_free_pages:
+                self.cache.evict(num_pages - self.pool.num_free_pages)
+            r.pages += self.pool.allocate(num_pages)  # NOTE: r's own now, whatever the load does
+            loaded = self.cache.tier.load(tier, r.pages[-num_pages:])
+        finally:
+            self.cache.tier.unlock(tier)
+        r.num_computed += loaded
+        return loaded
 
     def _allocate(self, prefill: list[PrefillItem], decode: list[Request], verify: list[VerifyItem]) -> None:
         wants = [(i.request, i.num_tokens) for i in prefill] + [(r, 1) for r in decode]
@@ -400,8 +425,10 @@ class Scheduler:
 
     # ---- invariants ------------------------------------------------------------------------
     def check_integrity(self) -> None:
-        """free + cached + requests' own pages = all usable pages, each page in one place."""
+        """free + cached + requests' own pages = all usable pages, each page in one place;
+        the second tier's bookkeeping too."""
         self.cache.check_integrity()
+        self.cache.tier.check_integrity()
         owners: dict[int, str] = {}
         places = [("free", self.pool.free_pages()), ("cache", self.cache.cached_pages())]
         places += [(f"request {r.request_id}", self._held(r)) for r in self.running]

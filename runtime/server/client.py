@@ -6,6 +6,7 @@
     out = await client.generate(ids, NativeSamplingParams(max_new_tokens=8, temperature=0))
     async for chunk in client.generate_stream(ids, params): ...
     logprobs = await client.score(ids, start=1)     # log p(ids[i] | ids[:i]) for i >= start
+    client.end_session("conv-1")                    # release a retention session's pins now
 
 Tokenizer calls are synchronous (``Backend.encode`` is); generation calls are coroutines
 on whichever event loop awaits them (one ``httpx.AsyncClient`` per loop). Every non-2xx
@@ -27,6 +28,7 @@ from runtime.server.protocol import (
     NativeSamplingParams,
     ProgramInfo,
     ProgramResult,
+    RetentionHint,
     TokenizerInfo,
 )
 
@@ -86,6 +88,14 @@ class ArborClient:
     def run_program(self, name: str, **arguments: Any) -> ProgramResult:
         return ProgramResult.model_validate(self._post(f"/programs/{name}", {"arguments": arguments}))
 
+    def end_session(self, session_id: str) -> int | None:
+        """End the caller's retention session now (``DELETE /sessions/{id}``): the pages
+        it pinned, or None when the server has no such live session."""
+        response = self._sync.delete(f"/sessions/{session_id}")
+        if response.status_code == 404:
+            return None
+        return int(_checked(response)["pages_released"])
+
     def engine_metrics(self) -> dict[str, float]:
         return dict(self._get("/engine_metrics"))
 
@@ -96,18 +106,19 @@ class ArborClient:
 
     async def generate(self, input_ids: list[int] | None = None,
                        params: NativeSamplingParams | None = None, *, text: str | None = None,
-                       timeout: float | None = None) -> GenerateResponse:
-        """One generation, awaited whole."""
-        body = self._generate_body(input_ids, text, params, stream=False, timeout=timeout)
+                       timeout: float | None = None, retention: RetentionHint | None = None) -> GenerateResponse:
+        """One generation, awaited whole; ``retention``: keep its prefix for the session."""
+        body = self._generate_body(input_ids, text, params, stream=False, timeout=timeout, retention=retention)
         response = await self._client().post("/generate", json=body)
         return GenerateResponse.model_validate(_checked(response))
 
     async def generate_stream(self, input_ids: list[int] | None = None,
                               params: NativeSamplingParams | None = None, *, text: str | None = None,
-                              timeout: float | None = None) -> AsyncIterator[GenerateChunk]:
+                              timeout: float | None = None,
+                              retention: RetentionHint | None = None) -> AsyncIterator[GenerateChunk]:
         """Chunks as the server sends them; the last has ``finish_reason`` and the whole
         output. Leaving the iteration early closes the connection (the server aborts)."""
-        body = self._generate_body(input_ids, text, params, stream=True, timeout=timeout)
+        body = self._generate_body(input_ids, text, params, stream=True, timeout=timeout, retention=retention)
         async with self._client().stream("POST", "/generate", json=body) as response:
             if response.status_code >= 400:
                 await response.aread()
@@ -115,26 +126,27 @@ class ArborClient:
             async for payload in _sse_payloads(response):
                 yield GenerateChunk.model_validate(payload)
 
-    async def score(self, input_ids: list[int], start: int) -> list[float]:
+    async def score(self, input_ids: list[int], start: int,
+                    retention: RetentionHint | None = None) -> list[float]:
         """``log p(input_ids[i] | input_ids[:i])`` for ``i`` in ``[start, len)``; start >= 1."""
         if start < 1:
             raise ValueError("start must be >= 1 (the first token has no context)")
         params = NativeSamplingParams(max_new_tokens=0, prompt_logprobs=True, logprob_start_len=start)
-        out = await self.generate(input_ids, params)
+        out = await self.generate(input_ids, params, retention=retention)
         logprobs = (out.meta.prompt_logprobs or [])[start:]
         if len(logprobs) != len(input_ids) - start or any(lp is None for lp in logprobs):
             raise ServerError(500, "missing_logprobs", f"no prompt logprobs from position {start}")
         return [float(lp) for lp in logprobs if lp is not None]
 
-    async def cache_prefix(self, input_ids: list[int]) -> None:
+    async def cache_prefix(self, input_ids: list[int], retention: RetentionHint | None = None) -> None:
         """Make ``input_ids`` resident in the server's prefix cache (a prefill, no output)."""
-        await self.generate(input_ids, NativeSamplingParams(max_new_tokens=0))
+        await self.generate(input_ids, NativeSamplingParams(max_new_tokens=0), retention=retention)
 
     # ---- plumbing -----------------------------------------------------------------------------
 
     def _generate_body(self, input_ids: list[int] | None, text: str | None,
                        params: NativeSamplingParams | None, stream: bool,
-                       timeout: float | None) -> dict[str, Any]:
+                       timeout: float | None, retention: RetentionHint | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"sampling_params": (params or NativeSamplingParams()).model_dump(
             exclude_defaults=True), "stream": stream}
         if input_ids is not None:
@@ -143,6 +155,8 @@ class ArborClient:
             body["text"] = text
         if timeout is not None:
             body["timeout"] = timeout
+        if retention is not None:
+            body["retention"] = retention.model_dump()
         return body
 
     def _client(self) -> httpx.AsyncClient:

@@ -3,7 +3,8 @@
     InvalidRequestError, PromptTooLongError, ConstraintError  → 400
     pydantic / FastAPI validation (wrong types, malformed JSON) → 422 (400 for bad JSON
                                                          and for unknown fields)
-    ProgramNotFoundError, ModelNotFoundError                  → 404
+    ProgramNotFoundError, ModelNotFoundError,
+    SessionNotFoundError (DELETE /sessions/{id})              → 404
     ProgramLimitExceededError (a run past its bounds)         → 422
     GenerationFailedError, ProgramRunFailedError              → 500
     Overloaded                                                → 429 / 503
@@ -49,6 +50,10 @@ class ProgramNotFoundError(LookupError):
     """No program of that name was registered when the server started."""
 
 
+class SessionNotFoundError(LookupError):
+    """No live retention session of that id for the caller's tenant (HTTP 404)."""
+
+
 class GenerationFailedError(Exception):
     """The engine finished the request with an error (``RequestOutput.error``)."""
 
@@ -86,6 +91,7 @@ def _table() -> list[tuple[type[Exception], int, str]]:
         (InvalidRequestError, 400, "invalid_request_error"),
         (ConstraintError, 400, "invalid_constraint"),
         (ProgramNotFoundError, 404, "not_found_error"),
+        (SessionNotFoundError, 404, "not_found_error"),
         (ProgramLimitExceededError, 422, "program_limit"),
         (ModelNotFoundError, 404, "model_not_found"),
         (EngineClosedError, 503, "service_unavailable"),

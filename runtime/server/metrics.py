@@ -182,6 +182,9 @@ class _EngineCollector(Collector):
                                         m.get("kv_pages_retained")),
             "arbor_retention_pins_refused": ("Retention pins refused for an owner's page budget (total)",
                                              m.get("retention_pins_refused")),
+            "arbor_kv_tier_pages": ("KV pages held in the second tier (--kv-tier-dir)", m.get("kv_tier_pages")),
+            "arbor_tier_cached_prompt_tokens": ("Prompt tokens reloaded from the second tier (total)",
+                                                m.get("tier_cached_prompt_tokens")),
         }
         gauges.update({f"arbor_server_{k}": (f"Server {k.replace('_', ' ')}", v)
                        for k, v in self.gate_state().items()})

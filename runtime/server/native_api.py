@@ -6,23 +6,30 @@ superset of Arbor's and SGLang's fields, is in ``api/sglang_routes.py``).
     POST /apply_chat_template  messages → prompt text
     GET  /tokenizer_info       vocab size, EOS/BOS ids, max_model_len, chat template
     GET  /engine_metrics       engine.metrics() as JSON
+    DELETE /sessions/{id}      end the caller's retention session now (docs/retention.md)
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import asyncio
+
+from fastapi import APIRouter, Request
 
 from runtime.errors import InvalidRequestError
+from runtime.server.errors import SessionNotFoundError
 from runtime.server.protocol import (
     ChatTemplateRequest,
     ChatTemplateResponse,
     DetokenizeRequest,
     DetokenizeResponse,
+    EndSessionResponse,
     TokenizeRequest,
     TokenizeResponse,
     TokenizerInfo,
 )
+from runtime.server.retention import session_key
 from runtime.server.serving import ServerContext
+from runtime.server.tenants import caller_of
 
 
 def build_router(ctx: ServerContext) -> APIRouter:
@@ -55,6 +62,15 @@ def build_router(ctx: ServerContext) -> APIRouter:
                              max_model_len=engine.max_model_len, eos_token_ids=engine.eos_token_ids,
                              bos_token_id=tok.bos_token_id,
                              chat_template=template if isinstance(template, str) else None)
+
+    @router.delete("/sessions/{session_id}")
+    async def end_session(session_id: str, request: Request) -> EndSessionResponse:
+        # NOTE: the tenant's own namespace: a tenant can neither end nor probe another's sessions
+        key = session_key(session_id, caller_of(request.headers).tenant)
+        pages = await asyncio.to_thread(engine.end_session_now, key)
+        if pages is None:
+            raise SessionNotFoundError(f"no live retention session {session_id!r}")
+        return EndSessionResponse(session_id=session_id, pages_released=pages)
 
     @router.get("/engine_metrics")
     async def engine_metrics() -> dict[str, float]:

@@ -223,6 +223,13 @@ class RetentionHint(Strict):
     ttl_s: float  # seconds to keep it after this request; the server caps it (a 400 above)
 
 
+class EndSessionResponse(Strict):
+    """``DELETE /sessions/{id}``: the session ended; its pins are released."""
+
+    session_id: str
+    pages_released: int  # KV pages it had pinned (now evictable like any other)
+
+
 class StreamOptions(Lenient):
     include_usage: bool = False
     # vLLM's extension (guidellm sends it): with include_usage, every chunk carries the

@@ -32,8 +32,19 @@ def retention_of(hint: RetentionHint | None, tenant: str | None, config: EngineC
         raise InvalidRequestError(f"retention.ttl_s is {hint.ttl_s:g}; this server keeps a session's "
                                   f"prefix for more than 0 and at most {cap:g} seconds")
     owner = tenant or ANONYMOUS
-    session_id = f"{owner}/{hint.session_id}"
-    if len(session_id) > MAX_SESSION_ID_LEN:
+    return Retention(session_key(hint.session_id, tenant), hint.ttl_s, owner=owner)
+
+
+def session_key(session_id: str, tenant: str | None) -> str:
+    """The engine's id of ``tenant``'s session ``session_id``.
+
+    Raises:
+        InvalidRequestError: the id is empty or too long (a 400).
+    """
+    if not 0 < len(session_id) <= MAX_HINT_ID_LEN:
+        raise InvalidRequestError(f"retention.session_id must have 1 to {MAX_HINT_ID_LEN} characters")
+    key = f"{tenant or ANONYMOUS}/{session_id}"
+    if len(key) > MAX_SESSION_ID_LEN:
         raise InvalidRequestError(f"retention: the tenant and session id together exceed "
                                   f"{MAX_SESSION_ID_LEN} characters")
-    return Retention(session_id, hint.ttl_s, owner=owner)
+    return key

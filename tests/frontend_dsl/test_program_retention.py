@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from frontend_dsl import ProgramError, assistant, gen, program, user
+from frontend_dsl import ProgramError, assistant, gen, program, select, user
 from frontend_dsl.engine_backend import EngineBackend
 from frontend_dsl.fake_backend import FakeBackend
+from frontend_dsl.runtime_endpoint import RuntimeEndpoint
 
 
 @program
@@ -82,4 +83,47 @@ def test_engine_backend_without_retention_pins_nothing(tiny_engine: Any) -> None
     seen: dict[str, float] = {}
     before = tiny_engine.metrics()["kv_pages_retained"]
     observe.run(EngineBackend(tiny_engine, retain_runs=False), engine=tiny_engine, seen=seen)
+    assert seen["during"] == before
+
+
+@program
+def choose(s: Any, engine: Any, seen: dict[str, float]) -> None:
+    s += user("Pick a colour for the wall. " * 4)
+    s += assistant(select("colour", choices=["red", "green", "blue"]))
+    _ = s["colour"]  # its scoring requests finished: pinned for the run
+    seen["during"] = engine.metrics().get("kv_pages_retained", 0.0)
+
+
+def test_select_scoring_names_the_run(fake: FakeBackend) -> None:
+    state = choose.run(fake, engine=fake, seen={})
+    run_id = state._session.executor.run_id
+    assert fake.scored_runs and set(fake.scored_runs) == {run_id}
+
+
+def test_engine_pins_a_select_like_a_gen(tiny_engine: Any) -> None:
+    seen: dict[str, float] = {}
+    before = tiny_engine.metrics()["kv_pages_retained"]
+    choose.run(EngineBackend(tiny_engine), engine=tiny_engine, seen=seen)
+    assert seen["during"] > before
+    assert _retained_after_end(tiny_engine, before) == before
+
+
+def test_runtime_endpoint_pins_a_run_on_the_server_and_ends_it(endpoint: Any, tiny_engine: Any) -> None:
+    seen: dict[str, float] = {}
+    before = tiny_engine.metrics()["kv_pages_retained"]
+    observe.run(endpoint, engine=tiny_engine, seen=seen)
+    assert seen["during"] > before
+    # NOTE: end_run's DELETE /sessions/{id} returns once the pins are gone: no wait needed
+    assert tiny_engine.metrics()["kv_pages_retained"] == before
+    assert not [s for s in tiny_engine.cache.retention.sessions if s.startswith("anonymous/run-")]
+
+
+def test_runtime_endpoint_without_retention_pins_nothing(endpoint: Any, tiny_engine: Any) -> None:
+    seen: dict[str, float] = {}
+    before = tiny_engine.metrics()["kv_pages_retained"]
+    plain = RuntimeEndpoint(endpoint.client.base_url, retention_ttl_s=None)
+    try:
+        observe.run(plain, engine=tiny_engine, seen=seen)
+    finally:
+        plain.client.close()
     assert seen["during"] == before

@@ -99,3 +99,11 @@ def test_fp8_kv_is_refused_on_a_gpu_without_fp8(monkeypatch: pytest.MonkeyPatch)
     assert engine_setup.resolve_kv_dtype("int8", cuda, torch.bfloat16) == torch.int8
     assert engine_setup.resolve_kv_dtype("auto", cuda, torch.bfloat16) == torch.bfloat16
     assert engine_setup.resolve_kv_dtype("fp8", torch.device("cpu"), torch.float32) == torch.float8_e4m3fn
+
+
+def test_kv_tier_settings_are_checked() -> None:
+    assert EngineConfig().kv_tier_dir is None  # off by default
+    with pytest.raises(InvalidRequestError, match="kv_tier_max_bytes must be a positive integer"):
+        EngineConfig(kv_tier_dir="/tmp", kv_tier_max_bytes=0)
+    with pytest.raises(InvalidRequestError, match="not supported with tensor_parallel_size > 1"):
+        EngineConfig(kv_tier_dir="/tmp", tensor_parallel_size=2)

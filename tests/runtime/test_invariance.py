@@ -9,6 +9,7 @@ changes one axis and must give the tokens of the same request run alone on a col
   beside a running decode, against one whole-prompt prefill (not for GGUF weights: see
   docs/invariance.md);
 - speculation off against on (prompt-lookup drafts verified in multi-row steps);
+- a prefix reloaded from the disk tier (docs/kv-tier.md) instead of found in the pool;
 
 for fp32 weights, GGUF (Q4_1) weights, and int8 KV (against itself). One thread per engine:
 the thread count is outside the guarantee (a different split of a reduction rounds
@@ -51,10 +52,12 @@ JOBS = PROMPTS + PROMPTS  # one per params() entry
 
 @pytest.fixture(scope="module", params=[("fp32", "auto"), ("gguf", "auto"), ("fp32", "int8")],
                 ids=["fp32", "gguf", "fp32-int8kv"])
-def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
+def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     weights, kv = request.param
+    # NOTE: the disk tier only holds what flush_cache(to_tier=True) puts there: nothing evicts here
     eng = Engine(model="default", weights=weights, kv_cache_dtype=kv, page_size=16, num_pages=512,
-                 num_threads=1, chunked_prefill_size=CHUNK, seed=0)
+                 num_threads=1, chunked_prefill_size=CHUNK, seed=0,
+                 kv_tier_dir=str(tmp_path_factory.mktemp("tier")), kv_tier_max_bytes=2**28)
     yield eng
     eng.close()
 
@@ -112,6 +115,19 @@ def test_chunked_prefill_beside_a_decode_changes_nothing(engine: Engine, runs: d
 def test_speculation_changes_nothing(engine: Engine, runs: dict[str, Any]) -> None:
     assert sum(r.num_draft_tokens for r in runs["cold"]) > 0  # the reference verified drafts
     assert alone(engine, speculation=False) == runs["reference"]
+
+
+def test_a_tier_reload_changes_nothing(engine: Engine, runs: dict[str, Any]) -> None:
+    got = []
+    for prompt, p in zip(JOBS, params(), strict=True):
+        engine.flush_cache()
+        engine.generate(prompt, p)
+        engine.flush_cache(to_tier=True)  # the prompt's pages go to the disk tier
+        assert engine.wait_tier_writes()
+        out = engine.generate(prompt, p)[0]
+        assert out.num_tier_cached_tokens == out.num_cached_tokens > 0  # all of it reloaded
+        got.append(out.token_ids)
+    assert got == runs["reference"]
 
 
 class running_beside:  # noqa: N801 (a context manager used like a function)

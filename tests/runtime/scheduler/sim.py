@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from runtime.cache.kv_tier import KVTier
 from runtime.cache.no_prefix_cache import NoPrefixCache
 from runtime.cache.page_pool import PagePool
 from runtime.cache.prefix_cache import PrefixCache
@@ -52,11 +53,12 @@ class Sim:
         budget: PrefillBudget | None = None,  # None: the fixed chunk
         clock: Callable[[], float] = time.monotonic,
         window: int | None = None,  # every layer's attention window (None: full attention)
+        tier: KVTier | None = None,  # the cache's second tier (None: none)
     ) -> None:
         self.pool = PagePool(num_pages, page_size)
         # Like the engine: a request stops at max_model_len tokens, at most the pool's capacity.
         self.max_model_len = max_model_len or (num_pages - 1) * page_size
-        self.cache: PrefixCache = RadixTree(self.pool) if prefix_cache else NoPrefixCache(self.pool)
+        self.cache: PrefixCache = RadixTree(self.pool, tier=tier) if prefix_cache else NoPrefixCache(self.pool)
         self.sched = Scheduler(self.pool, self.cache, make_policy(policy, fair, lpm_max_overtakes), max_running,
                                max_prefill_tokens, decode_reserve_tokens, chunked_prefill_size,
                                budget, clock, window)

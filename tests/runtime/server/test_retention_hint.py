@@ -67,3 +67,29 @@ def test_bad_hints_are_a_400(http: Any, idle_engine: Any, path: str, body: dict[
     assert r.status_code == 400, r.text
     assert message in r.text
     assert not idle_engine.cache.retention.sessions
+
+
+def test_delete_ends_a_session_now_within_the_tenant(http: Any, idle_engine: Any) -> None:
+    before = retained(idle_engine)
+    acme, globex = {**auth(), "X-Tenant": "acme"}, {**auth(), "X-Tenant": "globex"}
+    r = http.post("/generate", json={**GENERATE, "retention": {"session_id": "early", "ttl_s": 300}},
+                  headers=acme)
+    assert r.status_code == 200, r.text
+    assert idle_engine.wait_idle(30)
+    pinned = retained(idle_engine) - before
+    assert pinned > 0
+    r = http.delete("/sessions/early", headers=globex)  # another tenant: not its session
+    assert r.status_code == 404, r.text
+    assert "acme/early" in idle_engine.cache.retention.sessions
+    r = http.delete("/sessions/early", headers=acme)
+    assert r.status_code == 200, r.text
+    assert r.json() == {"session_id": "early", "pages_released": pinned}
+    assert retained(idle_engine) == before  # released before the answer, not on a later step
+    assert http.delete("/sessions/early", headers=acme).status_code == 404  # ended already
+
+
+def test_delete_of_an_unknown_or_malformed_session(http: Any, idle_engine: Any) -> None:
+    r = http.delete("/sessions/never-seen", headers=auth())
+    assert r.status_code == 404 and "never-seen" in r.text
+    r = http.delete("/sessions/" + "x" * 129, headers=auth())
+    assert r.status_code == 400 and "session_id" in r.text
