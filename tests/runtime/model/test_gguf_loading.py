@@ -420,3 +420,100 @@ def test_q4_k_parts_go_straight_to_the_tiled_layout(tmp_path: Path) -> None:
     assert direct.tiled and (direct.bits, direct.out_features, direct.in_features) == (4, 96, 512)
     for field in ("codes", "scales", "offsets"):
         assert torch.equal(getattr(direct, field), getattr(via_rows, field)), field
+
+
+@pytest.mark.parametrize("names", [
+    ["blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight"],  # Q8_0 q, k beside a Q6_K v
+    ["blk.1.ffn_down.weight"], ["output.weight"],  # Q6_K alone
+    ["blk.1.ffn_gate.weight", "blk.1.ffn_up.weight"],  # Q8_0
+])
+def test_mixed_and_q6_k_parts_go_straight_to_the_tiled_layout(names: list[str], tmp_path: Path,
+                                                               default_gguf: GGUFFile,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the kernels read tiles, a K-quant mix's weights come from the map in one C pass
+    (``kernels.tile_q6_k_blocks``, ``kernels.tile8_blocks``), equal to the torch path's
+    (rows converted, widened or requantized, stacked) tiled; q and k un-permuted alike."""
+    import kernels
+    from kernels import dispatch
+    from kernels.reference.quant import tile
+    from runtime.model.gguf_weights import GGUFTensors, _unpermute_rows
+
+    engine_setup.enable_cpu_kernels()
+    if not kernels.reads_tiles():
+        pytest.skip("environment: the C kernels here do not read tiles (no AVX-512 VNNI)")
+    path = write_gguf(tmp_path / "mix.gguf", default_gguf, tiny={**TINY, "hidden": 256, "heads": 16, "kv_heads": 8,
+                                                                 "ffn": 512}, q6_k=("ffn_down", "output", "attn_v"))
+    source = GGUFFile(path)
+    orders = [_unpermute_rows(16, 256), _unpermute_rows(8, 128), None] if len(names) == 3 else None
+    calls: list[str] = []
+
+    def counted(name: str) -> Any:
+        real = getattr(kernels, name)
+        return lambda *args: (calls.append(name), real(*args))[1]
+
+    for name in ("tile_q6_k_blocks", "tile8_blocks"):
+        monkeypatch.setattr(kernels, name, counted(name))
+    try:
+        direct = GGUFTensors(source, tiles=True).stacked(names, orders)
+        used = list(calls)
+        dispatch.set_kernel_backend("torch")  # no C kernel in use: the torch path
+        via_torch = tile(GGUFTensors(source, tiles=True).stacked(names, orders))
+    finally:
+        dispatch.set_kernel_backend("auto")
+        source.close()
+    assert used == ["tile_q6_k_blocks" if names[0].endswith(("down.weight", "output.weight")) else "tile8_blocks"]
+    assert direct.tiled and direct.bits == (6 if used == ["tile_q6_k_blocks"] else 8)
+    for field in ("codes", "scales", "offsets"):
+        assert torch.equal(getattr(direct, field), getattr(via_torch, field)), field
+
+
+# ---- load time ---------------------------------------------------------------------------------
+def test_the_tokenizer_is_built_while_the_weights_load_with_the_gc_paused(tiny_gguf: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GGUF file's tokenizer is built on a helper thread during the weight load (each waits
+    here until the other has begun, which one of them could not if they ran one after the
+    other), the cyclic gc is off for both and on again after; the engine gets the file's
+    tokenizer."""
+    import gc
+    import threading
+
+    loading, building = threading.Event(), threading.Event()
+    seen: dict[str, Any] = {}
+    real_tokenizer, real_load = engine_setup.gguf_tokenizer, engine_setup._load_weights
+
+    def tokenizer(gguf: GGUFFile) -> Any:
+        seen["tokenizer_thread"] = threading.current_thread().name
+        building.set()
+        seen["load_began"] = loading.wait(timeout=60)  # False had the tokenizer been built first
+        return real_tokenizer(gguf)
+
+    def load(*args: Any) -> Any:
+        loading.set()
+        seen["tokenizer_began"] = building.wait(timeout=60)  # False had it been built after
+        seen["gc_during_load"] = gc.isenabled()
+        return real_load(*args)
+
+    monkeypatch.setattr(engine_setup, "gguf_tokenizer", tokenizer)
+    monkeypatch.setattr(engine_setup, "_load_weights", load)
+    assert gc.isenabled()
+    with Engine(model=str(tiny_gguf), num_pages=64, freeze_gc=False) as engine:
+        assert gc.isenabled()
+        file = GGUFFile(tiny_gguf)
+        assert engine.tokenizer("Hello world")["input_ids"] == real_tokenizer(file)("Hello world")["input_ids"]
+        file.close()
+    assert seen == {"tokenizer_thread": seen["tokenizer_thread"], "load_began": True, "tokenizer_began": True,
+                    "gc_during_load": False}
+    assert seen["tokenizer_thread"].startswith("arbor-tokenizer")
+
+
+def test_a_tokenizer_that_cannot_be_built_fails_the_load(tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The helper thread's error is the load's (``ModelLoadError``), and gc is on again."""
+    import gc
+
+    def broken(gguf: GGUFFile) -> Any:
+        raise ModelLoadError(f"{gguf.path}: cannot build the tokenizer from the metadata: broken")
+
+    monkeypatch.setattr(engine_setup, "gguf_tokenizer", broken)
+    with pytest.raises(ModelLoadError, match="cannot build the tokenizer from the metadata: broken"):
+        Engine(model=str(tiny_gguf), num_pages=64)
+    assert gc.isenabled()
