@@ -284,6 +284,8 @@ def load_engine_model(requested: EngineConfig, rank: int = 0) -> LoadedModel:
         if device.type == "cpu":
             memory.check_fits(f"model {source}")
         log.info("model %s (%s weights): %s", source, weights, memory.describe())
+        if gguf is not None:
+            gguf.prefetch()
         with paused_gc(), ThreadPoolExecutor(1, thread_name_prefix="arbor-tokenizer") as helper:
             # NOTE: a GGUF file's tokenizer is built (mostly importing transformers: Python,
             # holding the GIL) while its weights load (C and torch, which release it)
