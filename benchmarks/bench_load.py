@@ -97,17 +97,24 @@ def main() -> None:
     rows = []
     for path in args.files:
         runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+        errors: dict[str, str] = {}
         for i in range(args.rounds):
             order = list(sides) if i % 2 == 0 else list(reversed(sides))  # alternated
             for side in order:
-                r = run_once(sides[side], path, args.cold)
+                try:
+                    r = run_once(sides[side], path, args.cold)
+                except RuntimeError as exc:  # NOTE: a side that cannot load the file is a result too
+                    print(f"{path.name} {side}: {exc}", flush=True)
+                    errors[side] = str(exc)[-500:]
+                    continue
                 runs[side].append(r)
                 print(f"{path.name} {side}: load {r['load_s']:.2f} s wall, {r['load_cpu_s']:.2f} s CPU "
                       f"(+{r['import_s']:.2f} s imports), peak RSS {r['peak_rss_mib']:.0f} MiB", flush=True)
         file_mib = path.stat().st_size / MiB
         for side, side_runs in runs.items():
+            figures = summarize(side_runs, file_mib) if side_runs else {"error": errors.get(side, "no run")}
             rows.append({"file": path.name, "file_mib": round(file_mib), "side": side, "cold": args.cold,
-                         **summarize(side_runs, file_mib), "loadavg": os.getloadavg()[0]})
+                         **figures, "loadavg": os.getloadavg()[0]})
             print(json.dumps(rows[-1]))
     if args.save:
         from benchmarks.common import save_result

@@ -517,3 +517,56 @@ def test_a_tokenizer_that_cannot_be_built_fails_the_load(tiny_gguf: Path, monkey
     with pytest.raises(ModelLoadError, match="cannot build the tokenizer from the metadata: broken"):
         Engine(model=str(tiny_gguf), num_pages=64)
     assert gc.isenabled()
+
+
+def test_a_load_prefetches_the_files_tensor_data(tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before its weights are read, the whole tensor data of the file is handed to the
+    kernel's read-ahead (``POSIX_FADV_WILLNEED``), so a file not in the page cache is read
+    while the load does other work."""
+    import os
+
+    calls: list[tuple[int, int, int]] = []
+    real = os.posix_fadvise
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, offset, length, advice: (
+        calls.append((offset, length, advice)), real(fd, offset, length, advice))[1])
+    file = GGUFFile(tiny_gguf)
+    data = (file.data_start, file.file_size - file.data_start, os.POSIX_FADV_WILLNEED)
+    file.close()
+    with Engine(model=str(tiny_gguf), num_pages=64):
+        pass
+    assert calls == [data]
+
+
+def test_a_model_that_cannot_fit_in_the_meminfo_available_is_refused(tiny_gguf: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's MemAvailable (a fake /proc/meminfo here) against weights + KV pool: a pool
+    of 2 GiB where 1 GiB is available is refused with both numbers, before the weights or
+    the tokenizer are read; the same engine loads where 3 GiB are available (the pool's
+    memory is untouched until used)."""
+    from runtime.model import memory
+
+    meminfo = tmp_path / "meminfo"
+    monkeypatch.setattr(engine_setup, "available_memory_bytes", lambda: memory.available_memory_bytes(str(meminfo)))
+    pages = (2 << 30) // (512 * 16)  # 512 B of KV a token (2 layers x 2 KV heads x 16 dims x K, V x 4 B)
+    meminfo.write_text("MemTotal:       25000000 kB\nMemFree:          100000 kB\nMemAvailable:    1048576 kB\n")
+    with monkeypatch.context() as patched:
+        patched.setattr(engine_setup, "_load_weights", _never)
+        patched.setattr(engine_setup, "gguf_tokenizer", _never)
+        with pytest.raises(ModelLoadError, match=r"does not fit in memory: needs 2\.0\d GiB .*KV pool 4194304 tokens "
+                                                 r"x 512 B = 2\.00 GiB; 1\.0 GiB available"):
+            Engine(model=str(tiny_gguf), num_pages=pages, page_size=16)
+    meminfo.write_text("MemTotal:       25000000 kB\nMemAvailable:    3145728 kB\n")
+    with Engine(model=str(tiny_gguf), num_pages=pages, page_size=16) as engine:
+        assert engine.pool.num_pages == pages
+
+
+def test_without_a_memavailable_line_the_free_pages_count(tmp_path: Path) -> None:
+    """An old kernel's /proc/meminfo (no MemAvailable) or none at all: sysconf's free pages."""
+    import os
+
+    from runtime.model.memory import available_memory_bytes
+
+    (tmp_path / "meminfo").write_text("MemTotal:       25000000 kB\nMemFree:          100000 kB\n")
+    for path in (tmp_path / "meminfo", tmp_path / "missing"):
+        free = available_memory_bytes(str(path))
+        assert abs(free - os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")) < 256 << 20
