@@ -10,7 +10,6 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -284,15 +283,15 @@ def load_engine_model(requested: EngineConfig, rank: int = 0) -> LoadedModel:
         if device.type == "cpu":
             memory.check_fits(f"model {source}")
         log.info("model %s (%s weights): %s", source, weights, memory.describe())
-        if gguf is not None:
-            gguf.prefetch()
-        with paused_gc(), ThreadPoolExecutor(1, thread_name_prefix="arbor-tokenizer") as helper:
-            # NOTE: a GGUF file's tokenizer is built (mostly importing transformers: Python,
-            # holding the GIL) while its weights load (C and torch, which release it)
-            building = helper.submit(gguf_tokenizer, gguf) if gguf is not None else None
+        with paused_gc():
+            if gguf is not None:
+                # NOTE: the disk reads of a file not in the page cache then overlap the
+                # tokenizer's build. Building it on a second thread during the weights' load
+                # cost CPU time (the OpenMP team spun while the threads passed the GIL) and
+                # gained no wall time on 2 cores (benchmarks/results/bench_load_1b_*.json).
+                gguf.prefetch()
+                tokenizer = gguf_tokenizer(gguf)
             model = _load_weights(source, gguf, weights, device, dtype, max_model_len, hf_config)
-            if building is not None:
-                tokenizer = building.result()
     finally:
         if gguf is not None:
             gguf.close()

@@ -468,31 +468,30 @@ def test_mixed_and_q6_k_parts_go_straight_to_the_tiled_layout(names: list[str], 
 
 
 # ---- load time ---------------------------------------------------------------------------------
-def test_the_tokenizer_is_built_while_the_weights_load_with_the_gc_paused(tiny_gguf: Path,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """A GGUF file's tokenizer is built on a helper thread during the weight load (each waits
-    here until the other has begun, which one of them could not if they ran one after the
-    other), the cyclic gc is off for both and on again after; the engine gets the file's
-    tokenizer."""
+def test_the_file_is_prefetched_then_tokenizer_and_weights_load_with_the_gc_paused(
+        tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In order: the file's tensor data handed to the kernel's read-ahead, the tokenizer
+    built, the weights loaded — the cyclic gc off for all three and on again after; the
+    engine gets the file's tokenizer."""
     import gc
-    import threading
 
-    loading, building = threading.Event(), threading.Event()
-    seen: dict[str, Any] = {}
-    real_tokenizer, real_load = engine_setup.gguf_tokenizer, engine_setup._load_weights
+    events: list[tuple[str, bool]] = []
+    real_prefetch, real_tokenizer, real_load = GGUFFile.prefetch, engine_setup.gguf_tokenizer, \
+        engine_setup._load_weights
+
+    def prefetch(self: GGUFFile) -> None:
+        events.append(("prefetch", gc.isenabled()))
+        real_prefetch(self)
 
     def tokenizer(gguf: GGUFFile) -> Any:
-        seen["tokenizer_thread"] = threading.current_thread().name
-        building.set()
-        seen["load_began"] = loading.wait(timeout=60)  # False had the tokenizer been built first
+        events.append(("tokenizer", gc.isenabled()))
         return real_tokenizer(gguf)
 
     def load(*args: Any) -> Any:
-        loading.set()
-        seen["tokenizer_began"] = building.wait(timeout=60)  # False had it been built after
-        seen["gc_during_load"] = gc.isenabled()
+        events.append(("weights", gc.isenabled()))
         return real_load(*args)
 
+    monkeypatch.setattr(GGUFFile, "prefetch", prefetch)
     monkeypatch.setattr(engine_setup, "gguf_tokenizer", tokenizer)
     monkeypatch.setattr(engine_setup, "_load_weights", load)
     assert gc.isenabled()
@@ -501,19 +500,18 @@ def test_the_tokenizer_is_built_while_the_weights_load_with_the_gc_paused(tiny_g
         file = GGUFFile(tiny_gguf)
         assert engine.tokenizer("Hello world")["input_ids"] == real_tokenizer(file)("Hello world")["input_ids"]
         file.close()
-    assert seen == {"tokenizer_thread": seen["tokenizer_thread"], "load_began": True, "tokenizer_began": True,
-                    "gc_during_load": False}
-    assert seen["tokenizer_thread"].startswith("arbor-tokenizer")
+    assert events == [("prefetch", False), ("tokenizer", False), ("weights", False)]
 
 
 def test_a_tokenizer_that_cannot_be_built_fails_the_load(tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The helper thread's error is the load's (``ModelLoadError``), and gc is on again."""
+    """Its error is the load's (``ModelLoadError``), before any weight is read; gc is on again."""
     import gc
 
     def broken(gguf: GGUFFile) -> Any:
         raise ModelLoadError(f"{gguf.path}: cannot build the tokenizer from the metadata: broken")
 
     monkeypatch.setattr(engine_setup, "gguf_tokenizer", broken)
+    monkeypatch.setattr(engine_setup, "_load_weights", _never)
     with pytest.raises(ModelLoadError, match="cannot build the tokenizer from the metadata: broken"):
         Engine(model=str(tiny_gguf), num_pages=64)
     assert gc.isenabled()
