@@ -45,7 +45,9 @@ from kernels.dispatch import (
     set_kernel_backend,
     silu_and_mul,
     store_kv,
+    tile8_blocks,
     tile_q4_blocks,
+    tile_q6_k_blocks,
 )
 from kernels.reference.kv_quant import KV_QUANT_QMAX, dequantize_kv, is_quantized_kv, quantize_kv
 from kernels.reference.moe import ExpertGroups, ExpertWeights
@@ -76,7 +78,9 @@ __all__ = [
     "plan_extend",
     "prepare_quantized",
     "reads_tiles",
+    "tile8_blocks",
     "tile_q4_blocks",
+    "tile_q6_k_blocks",
     "quantize_kv",
     "QuantizedWeight",
     "quant_kernel_max_rows",

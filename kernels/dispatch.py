@@ -299,6 +299,24 @@ def tile_q4_blocks(rows: np.ndarray, kind: str, in_features: int) -> QuantizedWe
     return native.quant_linear.tile_q4_blocks(rows, kind, in_features)
 
 
+def tile_q6_k_blocks(rows: np.ndarray, in_features: int) -> QuantizedWeight | None:
+    """Q6_K blocks straight to the tiled 6-bit layout in one C pass
+    (``CpuGGUFRepack.tile_q6_k_blocks``), where the C kernel in use reads tiles; else None."""
+    native = _cpu_in_use()
+    if native is None or not native.quant_linear.tiles:
+        return None
+    return native.gguf_repack.tile_q6_k_blocks(rows, in_features)
+
+
+def tile8_blocks(parts: Sequence[tuple[np.ndarray, str]], in_features: int) -> QuantizedWeight | None:
+    """Parts of Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K rows as one tiled 8-bit weight in one C pass
+    (``CpuGGUFRepack.tile8_blocks``), where the C kernel in use reads tiles; else None."""
+    native = _cpu_in_use()
+    if native is None or not native.quant_linear.tiles:
+        return None
+    return native.gguf_repack.tile8_blocks(parts, in_features)
+
+
 def prepare_quantized(weight: QuantizedWeight) -> QuantizedWeight:
     """``weight`` in the layout the C kernel in use multiplies fastest: tiled
     (``reference.quant.tile``) where its build reads tiles (AVX-512 VNNI) and the rows come

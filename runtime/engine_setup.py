@@ -9,7 +9,8 @@ import gc
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,7 +27,7 @@ from runtime.model.fused_decode import FusedDecode
 from runtime.model.gguf_config import check_tensors
 from runtime.model.gguf_config import hf_config as gguf_hf_config
 from runtime.model.gguf_file import GGUFFile
-from runtime.model.gguf_tokenizer import gguf_tokenizer
+from runtime.model.gguf_tokenizer import check_tokenizer, gguf_tokenizer
 from runtime.model.gguf_weights import gguf_state_dict, load_gguf_model
 from runtime.model.kv_cache import KVCache
 from runtime.model.llama import LlamaForCausalLM, ModelArgs
@@ -182,6 +183,22 @@ def freeze_gc() -> None:
         _gc_unfreeze_registered = True
 
 
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """The cyclic garbage collector off for the block (on again after it, if it was on).
+
+    NOTE: a load allocates many Python objects (the tokenizer's strings, the modules
+    transformers imports), and each gen-2 collection they trigger walks every object alive,
+    torch's included; the engine's ``freeze_gc`` collects once after the load instead."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def _free_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
@@ -255,7 +272,7 @@ def load_engine_model(requested: EngineConfig, rank: int = 0) -> LoadedModel:
         if gguf is not None:
             hf_config = gguf_hf_config(gguf)
             check_tensors(gguf, hf_config)
-            tokenizer = gguf_tokenizer(gguf)
+            check_tokenizer(gguf)
         else:
             hf_config = read_config(source)
         args = model_args(hf_config, source)
@@ -270,7 +287,15 @@ def load_engine_model(requested: EngineConfig, rank: int = 0) -> LoadedModel:
         if device.type == "cpu":
             memory.check_fits(f"model {source}")
         log.info("model %s (%s weights): %s", source, weights, memory.describe())
-        model = _load_weights(source, gguf, weights, device, dtype, max_model_len, hf_config)
+        with paused_gc():
+            if gguf is not None:
+                # NOTE: the disk reads of a file not in the page cache then overlap the
+                # tokenizer's build. Building it on a second thread during the weights' load
+                # cost CPU time (the OpenMP team spun while the threads passed the GIL) and
+                # gained no wall time on 2 cores (benchmarks/results/bench_load_1b_*.json).
+                gguf.prefetch()
+                tokenizer = gguf_tokenizer(gguf)
+            model = _load_weights(source, gguf, weights, device, dtype, max_model_len, hf_config)
     finally:
         if gguf is not None:
             gguf.close()

@@ -17,7 +17,9 @@ keeps the torch reference as its specification and its fallback:
   call and one OpenMP region instead of three kernel calls per active expert;
 - the fused decode step (``decode_step.c``): a whole decode forward pass of a model with
   block-quantized weights in one call and one OpenMP region, from the serial pieces of
-  the kernels above (``arbor_cpu.h``); its reference is the layer-by-layer path.
+  the kernels above (``arbor_cpu.h``); its reference is the layer-by-layer path;
+- a GGUF file's blocks into the tiled layouts (``gguf_repack.c``): one pass from the file's
+  map per weight at load, instead of unpacking and retiling in torch.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from kernels.cpu.build import NativeBuildError
 from kernels.cpu.decode_attention import CpuDecodeAttention
 from kernels.cpu.decode_step import CpuDecodeStep
 from kernels.cpu.elementwise import CpuElementwise
+from kernels.cpu.gguf_repack import CpuGGUFRepack
 from kernels.cpu.moe_experts import CpuMoeExperts
 from kernels.cpu.quant_linear import CpuQuantLinear
 from kernels.cpu.store_kv import CpuStoreKV
@@ -44,13 +47,15 @@ class CpuKernels:
     quant_linear: CpuQuantLinear
     decode_step: CpuDecodeStep
     moe_experts: CpuMoeExperts
+    gguf_repack: CpuGGUFRepack
 
     @classmethod
     def build(cls, cache_dir: Path) -> CpuKernels:
         """Compile (or load from ``cache_dir``) every kernel; raises ``NativeBuildError``."""
         return cls(CpuDecodeAttention(cache_dir), CpuElementwise(cache_dir), CpuStoreKV(cache_dir),
-                   CpuQuantLinear(cache_dir), CpuDecodeStep(cache_dir), CpuMoeExperts(cache_dir))
+                   CpuQuantLinear(cache_dir), CpuDecodeStep(cache_dir), CpuMoeExperts(cache_dir),
+                   CpuGGUFRepack(cache_dir))
 
 
-__all__ = ["CpuDecodeAttention", "CpuDecodeStep", "CpuElementwise", "CpuKernels", "CpuMoeExperts", "CpuQuantLinear",
+__all__ = ["CpuDecodeAttention", "CpuDecodeStep", "CpuElementwise", "CpuGGUFRepack", "CpuKernels", "CpuMoeExperts", "CpuQuantLinear",
            "CpuStoreKV", "NativeBuildError"]

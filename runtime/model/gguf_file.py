@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,6 +225,15 @@ class GGUFFile:
         start = info.offset - info.offset % mmap.PAGESIZE
         if info.nbytes and hasattr(mmap, "MADV_DONTNEED"):
             self._map.madvise(mmap.MADV_DONTNEED, start, info.offset + info.nbytes - start)
+
+    def prefetch(self) -> None:
+        """Ask the kernel to read the tensor data into the page cache in the background
+        (``POSIX_FADV_WILLNEED``; it returns at once), so that a load of a file not read
+        before overlaps its disk reads with the work before each tensor is needed."""
+        if not hasattr(os, "posix_fadvise") or self.file_size <= self.data_start:
+            return
+        with contextlib.suppress(OSError), open(self.path, "rb") as f:  # NOTE: only a hint
+            os.posix_fadvise(f.fileno(), self.data_start, self.file_size - self.data_start, os.POSIX_FADV_WILLNEED)
 
     def weights_nbytes(self) -> int:
         return sum(t.nbytes for t in self.tensors.values())

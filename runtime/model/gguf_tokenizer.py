@@ -32,9 +32,8 @@ def gguf_tokenizer(gguf: GGUFFile) -> Any:
         convert_gguf_tokenizer,
     )
 
+    check_tokenizer(gguf)
     meta = gguf.metadata
-    if "tokenizer.ggml.tokens" not in meta:
-        raise ModelLoadError(f"{gguf.path}: no tokenizer in the metadata (tokenizer.ggml.tokens missing)")
     groups = {group: {name: _plain(meta[f"tokenizer.{key}"]) for key, name in renames.items()
                       if f"tokenizer.{key}" in meta}
               for group, renames in GGUF_TOKENIZER_MAPPING.items()}
@@ -53,6 +52,13 @@ def gguf_tokenizer(gguf: GGUFFile) -> Any:
         return PreTrainedTokenizerFast(tokenizer_object=backend, **tokenizer_config, **extra)
     except Exception as exc:  # transformers raises ValueError, KeyError... for what it cannot build
         raise ModelLoadError(f"{gguf.path}: cannot build the tokenizer from the metadata: {exc}") from exc
+
+
+def check_tokenizer(gguf: GGUFFile) -> None:
+    """Raise ``ModelLoadError`` when the file's metadata has no tokenizer (checked before
+    anything is loaded; building it takes longer)."""
+    if "tokenizer.ggml.tokens" not in gguf.metadata:
+        raise ModelLoadError(f"{gguf.path}: no tokenizer in the metadata (tokenizer.ggml.tokens missing)")
 
 
 def _plain(value: Any) -> Any:

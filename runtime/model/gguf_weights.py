@@ -30,6 +30,7 @@ import torch
 
 import kernels
 from kernels import QuantizedWeight
+from kernels.cpu.gguf_repack import TILE8_KINDS
 from kernels.reference.quant import (
     GGML_KINDS,
     TILE_ROWS,
@@ -70,20 +71,19 @@ class GGUFTensors:
 
     def stacked(self, names: list[str], orders: list[torch.Tensor | None] | None = None) -> QuantizedWeight:
         """The weights ``names`` stacked along the output dim (a fused q/k/v or gate/up),
-        rows of part i taken in ``orders[i]`` (None: as stored). Parts all Q4_0, all Q4_1 or
-        all Q4_K in whole tiles go from the file's bytes straight to the tiled layout (one C
-        pass; Q4_0 / Q4_1 in torch without the C kernels); others through ``quantized`` and
-        ``_fused``."""
+        rows of part i taken in ``orders[i]`` (None: as stored). Where the kernels read tiles
+        and the C repacks take the parts' types (``_tiled_in_c``), one C pass from the file's
+        bytes to the tiled layout; else all-Q4_0 / all-Q4_1 parts through torch
+        (``tiled_from_q4_blocks``), and the rest through ``quantized`` and ``_fused``."""
         infos = [self.gguf.tensor(n) for n in names]
         orders = orders or [None] * len(names)
         rows = sum(i.shape[1] for i in infos)
         kinds = {(i.type_name, i.shape[0]) for i in infos}
-        kind = infos[0].type_name
-        if self.tiles and len(kinds) == 1 and kind in ("Q4_0", "Q4_1", "Q4_K") and rows % TILE_ROWS == 0:
-            weight = self._tiled_in_c(names, orders, kind, infos[0].shape[0])
+        if self.tiles and rows % TILE_ROWS == 0 and len({i.shape[0] for i in infos}) == 1:
+            weight = self._tiled_in_c(names, orders, infos)
             if weight is not None:
                 return weight
-        if self.tiles and len(kinds) == 1 and kind in ("Q4_0", "Q4_1") and rows % TILE_ROWS == 0:
+        if self.tiles and len(kinds) == 1 and infos[0].type_name in ("Q4_0", "Q4_1") and rows % TILE_ROWS == 0:
             parts = []
             with warnings.catch_warnings():  # the map is read-only; only read here
                 warnings.simplefilter("ignore", UserWarning)
@@ -100,16 +100,27 @@ class GGUFTensors:
                                                                                                 strict=True)]
         return weights[0] if len(weights) == 1 else _fused(names[0], weights)
 
-    def _tiled_in_c(self, names: list[str], orders: list[torch.Tensor | None], kind: str,
-                    in_features: int) -> QuantizedWeight | None:
-        """``stacked``'s Q4 parts tiled by the C kernel straight from the map (None: no C
-        kernel in use): each output row's address, parts in turn, rows in their order."""
+    def _tiled_in_c(self, names: list[str], orders: list[torch.Tensor | None],
+                    infos: list[TensorInfo]) -> QuantizedWeight | None:
+        """``stacked``'s parts tiled by a C kernel straight from the map, in the format the
+        torch path gives them: one 4-bit kind as 4-bit tiles, all-Q6_K parts of whole tiles
+        as 6-bit tiles, and parts with Q8_0 or Q6_K among Q4_0 / Q4_1 / Q4_K / Q8_0 / Q6_K
+        as 8-bit tiles (``_fused``'s widening and requantizing). None: no C kernel in use,
+        or types it does not take (the caller's torch path then)."""
+        kinds = [i.type_name for i in infos]
         addresses = []
         for name, order in zip(names, orders, strict=True):
             raw = self._raw(name)[1]
             index = np.arange(raw.shape[0], dtype=np.uint64) if order is None else order.numpy().astype(np.uint64)
             addresses.append(raw.ctypes.data + index * np.uint64(raw.shape[1]))
-        weight = kernels.tile_q4_blocks(np.concatenate(addresses), kind, in_features)
+        in_features = infos[0].shape[0]
+        weight = None
+        if len(set(kinds)) == 1 and kinds[0] in ("Q4_0", "Q4_1", "Q4_K"):
+            weight = kernels.tile_q4_blocks(np.concatenate(addresses), kinds[0], in_features)
+        elif set(kinds) == {"Q6_K"} and all(self._q6_k_native(i) for i in infos):
+            weight = kernels.tile_q6_k_blocks(np.concatenate(addresses), in_features)
+        elif set(kinds) <= set(TILE8_KINDS) and set(kinds) & {"Q8_0", "Q6_K"}:
+            weight = kernels.tile8_blocks(list(zip(addresses, kinds, strict=True)), in_features)
         if weight is not None:
             for name in names:
                 self.gguf.release(name)

@@ -115,11 +115,11 @@ def kv_bytes_per_token(cfg: dict[str, Any], kv_dtype: torch.dtype) -> int:
     return KVCache.bytes_per_token(int(cfg["num_hidden_layers"]), kv_heads, head_dim, kv_dtype)
 
 
-def available_memory_bytes() -> int:
+def available_memory_bytes(meminfo: str = "/proc/meminfo") -> int:
     """Memory the kernel says a new allocation can take without swapping (MemAvailable:
     free plus reclaimable cache), else free pages."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(meminfo) as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024

@@ -59,6 +59,44 @@ def test_the_gguf_tokenizer_equals_transformers_on_many_languages_and_code() -> 
     assert batch == ref(MULTILINGUAL)["input_ids"]
 
 
+@pytest.mark.parametrize("vocab", [49152, 128256])
+def test_the_tokenizer_of_the_real_shape_files_equals_transformers(vocab: int, tmp_path: Path) -> None:
+    """The tokenizer metadata ``benchmarks/bench_scale.py`` writes into its 1B file (the
+    default model's 49,152 tokens) and its 8B-shape file (those, then reserved tokens up to
+    Llama 3's 128,256), read back from a GGUF: transformers' ids of the default model on
+    the multilingual set, every id of the file's vocabulary, decoding that round-trips."""
+    import gguf
+    from transformers import AutoTokenizer
+
+    source = GGUFFile(gguf_file("default"))
+    meta = source.metadata
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    writer = gguf.GGUFWriter(str(tmp_path / "shape.gguf"), "llama")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
+    writer.add_token_list(tokens + [f"<|reserved_{i}|>" for i in range(vocab - len(tokens))])
+    writer.add_token_types(meta["tokenizer.ggml.token_type"].tolist() + [1] * (vocab - len(tokens)))
+    writer.add_token_merges(meta["tokenizer.ggml.merges"])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_chat_template(meta["tokenizer.chat_template"])
+    source.close()
+    for write in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file,
+                  writer.close):
+        write()
+    file = GGUFFile(tmp_path / "shape.gguf")
+    try:
+        ours = gguf_tokenizer(file)
+    finally:
+        file.close()
+    ref = AutoTokenizer.from_pretrained(str(resolve_model_dir("default")))
+    assert len(ours) == vocab and ours.convert_ids_to_tokens(vocab - 1) == (
+        "<|reserved_79103|>" if vocab > len(tokens) else tokens[-1])
+    assert ours(MULTILINGUAL)["input_ids"] == ref(MULTILINGUAL)["input_ids"]
+    for text in MULTILINGUAL:
+        assert ours.decode(ours(text)["input_ids"]) == text, text
+
+
 # ---- arbor serve on a family's GGUF ------------------------------------------------------
 MESSAGES: list[Any] = [{"role": "user", "content": "Name a colour."}]
 STOP_AT = 3  # the greedy token generated at this step is written as the file's end-of-turn id

@@ -420,3 +420,151 @@ def test_q4_k_parts_go_straight_to_the_tiled_layout(tmp_path: Path) -> None:
     assert direct.tiled and (direct.bits, direct.out_features, direct.in_features) == (4, 96, 512)
     for field in ("codes", "scales", "offsets"):
         assert torch.equal(getattr(direct, field), getattr(via_rows, field)), field
+
+
+@pytest.mark.parametrize("names", [
+    ["blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight"],  # Q8_0 q, k beside a Q6_K v
+    ["blk.1.ffn_down.weight"], ["output.weight"],  # Q6_K alone
+    ["blk.1.ffn_gate.weight", "blk.1.ffn_up.weight"],  # Q8_0
+])
+def test_mixed_and_q6_k_parts_go_straight_to_the_tiled_layout(names: list[str], tmp_path: Path,
+                                                               default_gguf: GGUFFile,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the kernels read tiles, a K-quant mix's weights come from the map in one C pass
+    (``kernels.tile_q6_k_blocks``, ``kernels.tile8_blocks``), equal to the torch path's
+    (rows converted, widened or requantized, stacked) tiled; q and k un-permuted alike."""
+    import kernels
+    from kernels import dispatch
+    from kernels.reference.quant import tile
+    from runtime.model.gguf_weights import GGUFTensors, _unpermute_rows
+
+    engine_setup.enable_cpu_kernels()
+    if not kernels.reads_tiles():
+        pytest.skip("environment: the C kernels here do not read tiles (no AVX-512 VNNI)")
+    path = write_gguf(tmp_path / "mix.gguf", default_gguf, tiny={**TINY, "hidden": 256, "heads": 16, "kv_heads": 8,
+                                                                 "ffn": 512}, q6_k=("ffn_down", "output", "attn_v"))
+    source = GGUFFile(path)
+    orders = [_unpermute_rows(16, 256), _unpermute_rows(8, 128), None] if len(names) == 3 else None
+    calls: list[str] = []
+
+    def counted(name: str) -> Any:
+        real = getattr(kernels, name)
+        return lambda *args: (calls.append(name), real(*args))[1]
+
+    for name in ("tile_q6_k_blocks", "tile8_blocks"):
+        monkeypatch.setattr(kernels, name, counted(name))
+    try:
+        direct = GGUFTensors(source, tiles=True).stacked(names, orders)
+        used = list(calls)
+        dispatch.set_kernel_backend("torch")  # no C kernel in use: the torch path
+        via_torch = tile(GGUFTensors(source, tiles=True).stacked(names, orders))
+    finally:
+        dispatch.set_kernel_backend("auto")
+        source.close()
+    assert used == ["tile_q6_k_blocks" if names[0].endswith(("down.weight", "output.weight")) else "tile8_blocks"]
+    assert direct.tiled and direct.bits == (6 if used == ["tile_q6_k_blocks"] else 8)
+    for field in ("codes", "scales", "offsets"):
+        assert torch.equal(getattr(direct, field), getattr(via_torch, field)), field
+
+
+# ---- load time ---------------------------------------------------------------------------------
+def test_the_file_is_prefetched_then_tokenizer_and_weights_load_with_the_gc_paused(
+        tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In order: the file's tensor data handed to the kernel's read-ahead, the tokenizer
+    built, the weights loaded — the cyclic gc off for all three and on again after; the
+    engine gets the file's tokenizer."""
+    import gc
+
+    events: list[tuple[str, bool]] = []
+    real_prefetch, real_tokenizer, real_load = GGUFFile.prefetch, engine_setup.gguf_tokenizer, \
+        engine_setup._load_weights
+
+    def prefetch(self: GGUFFile) -> None:
+        events.append(("prefetch", gc.isenabled()))
+        real_prefetch(self)
+
+    def tokenizer(gguf: GGUFFile) -> Any:
+        events.append(("tokenizer", gc.isenabled()))
+        return real_tokenizer(gguf)
+
+    def load(*args: Any) -> Any:
+        events.append(("weights", gc.isenabled()))
+        return real_load(*args)
+
+    monkeypatch.setattr(GGUFFile, "prefetch", prefetch)
+    monkeypatch.setattr(engine_setup, "gguf_tokenizer", tokenizer)
+    monkeypatch.setattr(engine_setup, "_load_weights", load)
+    assert gc.isenabled()
+    with Engine(model=str(tiny_gguf), num_pages=64, freeze_gc=False) as engine:
+        assert gc.isenabled()
+        file = GGUFFile(tiny_gguf)
+        assert engine.tokenizer("Hello world")["input_ids"] == real_tokenizer(file)("Hello world")["input_ids"]
+        file.close()
+    assert events == [("prefetch", False), ("tokenizer", False), ("weights", False)]
+
+
+def test_a_tokenizer_that_cannot_be_built_fails_the_load(tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its error is the load's (``ModelLoadError``), before any weight is read; gc is on again."""
+    import gc
+
+    def broken(gguf: GGUFFile) -> Any:
+        raise ModelLoadError(f"{gguf.path}: cannot build the tokenizer from the metadata: broken")
+
+    monkeypatch.setattr(engine_setup, "gguf_tokenizer", broken)
+    monkeypatch.setattr(engine_setup, "_load_weights", _never)
+    with pytest.raises(ModelLoadError, match="cannot build the tokenizer from the metadata: broken"):
+        Engine(model=str(tiny_gguf), num_pages=64)
+    assert gc.isenabled()
+
+
+def test_a_load_prefetches_the_files_tensor_data(tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before its weights are read, the whole tensor data of the file is handed to the
+    kernel's read-ahead (``POSIX_FADV_WILLNEED``), so a file not in the page cache is read
+    while the load does other work."""
+    import os
+
+    calls: list[tuple[int, int, int]] = []
+    real = os.posix_fadvise
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, offset, length, advice: (
+        calls.append((offset, length, advice)), real(fd, offset, length, advice))[1])
+    file = GGUFFile(tiny_gguf)
+    data = (file.data_start, file.file_size - file.data_start, os.POSIX_FADV_WILLNEED)
+    file.close()
+    with Engine(model=str(tiny_gguf), num_pages=64):
+        pass
+    assert calls == [data]
+
+
+def test_a_model_that_cannot_fit_in_the_meminfo_available_is_refused(tiny_gguf: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's MemAvailable (a fake /proc/meminfo here) against weights + KV pool: a pool
+    of 2 GiB where 1 GiB is available is refused with both numbers, before the weights or
+    the tokenizer are read; the same engine loads where 3 GiB are available (the pool's
+    memory is untouched until used)."""
+    from runtime.model import memory
+
+    meminfo = tmp_path / "meminfo"
+    monkeypatch.setattr(engine_setup, "available_memory_bytes", lambda: memory.available_memory_bytes(str(meminfo)))
+    pages = (2 << 30) // (512 * 16)  # 512 B of KV a token (2 layers x 2 KV heads x 16 dims x K, V x 4 B)
+    meminfo.write_text("MemTotal:       25000000 kB\nMemFree:          100000 kB\nMemAvailable:    1048576 kB\n")
+    with monkeypatch.context() as patched:
+        patched.setattr(engine_setup, "_load_weights", _never)
+        patched.setattr(engine_setup, "gguf_tokenizer", _never)
+        with pytest.raises(ModelLoadError, match=r"does not fit in memory: needs 2\.0\d GiB .*KV pool 4194304 tokens "
+                                                 r"x 512 B = 2\.00 GiB; 1\.0 GiB available"):
+            Engine(model=str(tiny_gguf), num_pages=pages, page_size=16)
+    meminfo.write_text("MemTotal:       25000000 kB\nMemAvailable:    3145728 kB\n")
+    with Engine(model=str(tiny_gguf), num_pages=pages, page_size=16) as engine:
+        assert engine.pool.num_pages == pages
+
+
+def test_without_a_memavailable_line_the_free_pages_count(tmp_path: Path) -> None:
+    """An old kernel's /proc/meminfo (no MemAvailable) or none at all: sysconf's free pages."""
+    import os
+
+    from runtime.model.memory import available_memory_bytes
+
+    (tmp_path / "meminfo").write_text("MemTotal:       25000000 kB\nMemFree:          100000 kB\n")
+    for path in (tmp_path / "meminfo", tmp_path / "missing"):
+        free = available_memory_bytes(str(path))
+        assert abs(free - os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")) < 256 << 20
