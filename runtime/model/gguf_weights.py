@@ -1,6 +1,6 @@
 """A GGUF model's weights loaded as they are stored: Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q6_K
 blocks become ``QuantizedWeight`` codes and scales bit for bit (``weights="gguf"``), with no
-fp32 copy (Q5's 5-bit codes held in 8 bits; Q6_K as it is stored).
+fp32 copy (Q5_0 / Q5_1 / Q5_K as 5-bit codes; Q6_K as it is stored).
 
 What conversion (``convert.py``, through transformers) does to the numbers, we do to rows:
 llama.cpp stores a Llama model's q and k projections with the rows of each head
@@ -11,7 +11,7 @@ linear is then quantized to int8 in groups of 32, and the log says so. Q4_K and 
 load as groups of 32 (their scales rounded to fp16: ``kernels.reference.quant._from_k_quant``).
 Every one of these but Q6_K is a format of groups of 32, so parts of a fused weight stored
 in different ones (a file's v in Q8_0, its q and k in Q4_K) stack without requantizing: 4-bit
-parts are widened to 8-bit codes (``widen``); a Q6_K part beside other types (its scales are
+parts are widened to the widest part's codes (``widen``: 4 to 5 bits beside Q5, to 8 beside Q8_0); a Q6_K part beside other types (its scales are
 per 16 elements) is quantized to int8 in groups of 32 first.
 
 Everything is read tensor by tensor from the file's memory map (``GGUFFile``); where the
@@ -265,14 +265,15 @@ def _build(weights: Weights, args: ModelArgs, max_positions: int) -> LlamaForCau
 
 def _fused(name: str, parts: list[QuantizedWeight]) -> QuantizedWeight:
     """Parts stacked into one weight. Parts of different code widths but the same groups (a
-    file may keep v in Q8_0 and q, k in Q4) stack exactly, the 4-bit ones widened to 8-bit
-    codes; a 6-bit (Q6_K) part among others is first quantized to int8 in groups of 32;
+    file may keep v in Q8_0 and q, k in Q4) stack exactly, the narrower ones widened to the
+    widest (4 bits beside Q5's 5 to 5, anything beside 8 to 8); a 6-bit (Q6_K) part among others is first quantized to int8 in groups of 32;
     parts of still different groups are requantized together to int8 per channel."""
     if len({p.bits for p in parts}) > 1 and any(p.bits == 6 for p in parts):
         log.info("GGUF %s: a Q6_K part beside other types, quantizing it to int8 in groups of 32", name)
         parts = [quantize_int8(dequantize(p), blocks_per_group=1) if p.bits == 6 else p for p in parts]
     if len({p.bits for p in parts}) > 1 and len({p.blocks_per_group for p in parts}) == 1:
-        parts = [widen(p) for p in parts]
+        bits = max(p.bits for p in parts)  # 4-bit codes are 5-bit ones with a zero fifth bit
+        parts = [widen(p, bits) for p in parts]
     if len({(p.bits, p.blocks_per_group) for p in parts}) == 1:
         return cat_rows(parts)
     log.info("GGUF %s: parts in different groups, quantizing the fused weight to int8", name)

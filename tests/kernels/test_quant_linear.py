@@ -41,6 +41,8 @@ FORMATS = {
     "int8-g32": lambda w: Q.quantize_int8(w, blocks_per_group=1),
     "int4-g32": lambda w: Q.quantize_int4(w),
     "int4-g128": lambda w: Q.quantize_int4(w, blocks_per_group=4),
+    "int5-g32": lambda w: Q.quantize_int5(w),  # Q5_0 / Q5_1 / Q5_K's layout
+    "int5-g64": lambda w: Q.quantize_int5(w, blocks_per_group=2),
 }
 
 
@@ -59,7 +61,7 @@ def test_kernel_matches_the_reference(kernel: CpuQuantLinear, fmt: str, rows: in
     assert ((out - spec).norm() / spec.norm()).item() < 0.01
 
 
-@pytest.mark.parametrize("bits,blocks_per_group", [(8, None), (8, 1), (4, 1), (4, 2)])
+@pytest.mark.parametrize("bits,blocks_per_group", [(8, None), (8, 1), (5, 1), (5, 2), (4, 1), (4, 2)])
 def test_kernel_takes_every_code_and_full_scale_activations(
     kernel: CpuQuantLinear, bits: int, blocks_per_group: int | None
 ) -> None:
@@ -200,7 +202,7 @@ def test_tiled_kernel_matches_the_reference(tiling: CpuQuantLinear, fmt: str, ro
     torch.testing.assert_close(out, tiling(x, weight, bias), atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("bits,blocks_per_group", [(8, None), (8, 1), (4, 1), (4, 2)])
+@pytest.mark.parametrize("bits,blocks_per_group", [(8, None), (8, 1), (5, 1), (5, 2), (4, 1), (4, 2)])
 def test_tiled_kernel_takes_every_code_and_full_scale_activations(
         tiling: CpuQuantLinear, bits: int, blocks_per_group: int | None) -> None:
     n, kp = 32, 256
