@@ -46,6 +46,7 @@ from kernels.dispatch import (
     silu_and_mul,
     store_kv,
     tile_q4_blocks,
+    tile_q5_blocks,
 )
 from kernels.reference.kv_quant import KV_QUANT_QMAX, dequantize_kv, is_quantized_kv, quantize_kv
 from kernels.reference.moe import ExpertGroups, ExpertWeights
@@ -77,6 +78,7 @@ __all__ = [
     "prepare_quantized",
     "reads_tiles",
     "tile_q4_blocks",
+    "tile_q5_blocks",
     "quantize_kv",
     "QuantizedWeight",
     "quant_kernel_max_rows",

@@ -1173,6 +1173,47 @@ void arbor_tile_q4_blocks(const uint8_t *const *rows, int64_t n_out, int64_t k_l
     }
 }
 
+/* Q5_0 / Q5_1 blocks (GGUF: per block of 32, d [, m] fp16, a uint32 of fifth bits (bit j:
+ * element j) and 16 bytes of nibbles as Q4's) straight into the 5-bit tiles, one pass: the
+ * nibble bytes are the block's 4 chunks as for Q4, and mask (c, h) gathers bits 16h + 4c ..
+ * + 3 of each row's uint32 at lanes 4r .. 4r + 3 (the specification: tile(from_ggml_blocks(raw,
+ * kind, k)) in kernels/reference/quant.py). Rows, padding and Q5_0's m = -16 d (fp16) as
+ * arbor_tile_q4_blocks.
+ *   codes: [n_out / 16][kp / 32][320] bytes; d, m: [n_out / 16][kp / 32][16] fp16 bits. */
+void arbor_tile_q5_blocks(const uint8_t *const *rows, int64_t n_out, int64_t k_len, int64_t kp, int with_m,
+                          uint8_t *codes, uint16_t *d, uint16_t *m, int num_threads) {
+    const int64_t nb = k_len / BLOCK, kb = kp / BLOCK, block_bytes = with_m ? 24 : 22, qh_at = with_m ? 4 : 2;
+    const int64_t tiles = n_out / 16;
+#pragma omp parallel for num_threads(threads_for(n_out * kp, num_threads)) schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        uint8_t *ct = codes + t * kb * Q5_TILE_BLOCK;
+        uint16_t *dt = d + t * kb * 16, *mt = m + t * kb * 16;
+        for (int64_t b = 0; b < kb; b++) {
+            uint8_t *cb = ct + b * Q5_TILE_BLOCK;
+            uint64_t masks[8] = {0, 0, 0, 0, 0, 0, 0, 0}; /* (c, h) at 2c + h */
+            for (int r = 0; r < 16; r++) {
+                if (b >= nb) {
+                    for (int c = 0; c < 4; c++) memset(cb + c * 64 + 4 * r, 0, 4);
+                    dt[b * 16 + r] = mt[b * 16 + r] = 0;
+                    continue;
+                }
+                const uint8_t *src = rows[t * 16 + r] + b * block_bytes;
+                uint32_t qh;
+                memcpy(&qh, src + qh_at, 4);
+                for (int c = 0; c < 4; c++) {
+                    memcpy(cb + c * 64 + 4 * r, src + qh_at + 4 + 4 * c, 4);
+                    masks[2 * c] |= (uint64_t)((qh >> (4 * c)) & 0x0f) << (4 * r);
+                    masks[2 * c + 1] |= (uint64_t)((qh >> (16 + 4 * c)) & 0x0f) << (4 * r);
+                }
+                memcpy(dt + b * 16 + r, src, 2);
+                if (with_m) memcpy(mt + b * 16 + r, src + 2, 2);
+                else mt[b * 16 + r] = float_to_half(-16.0f * half_to_float(dt[b * 16 + r]));
+            }
+            memcpy(cb + 256, masks, sizeof masks); /* little-endian, as the kernel loads them */
+        }
+    }
+}
+
 /* Q4_K superblocks (d, dmin fp16, 12 bytes of 6-bit sub-block scales and mins, 128 bytes of
  * nibbles: per 64 elements, byte i holds element i low and 32 + i high) straight into the
  * tiled 4-bit layout with groups of 32: d * sc_j and -dmin * m_j rounded to fp16 (the

@@ -70,16 +70,16 @@ class GGUFTensors:
 
     def stacked(self, names: list[str], orders: list[torch.Tensor | None] | None = None) -> QuantizedWeight:
         """The weights ``names`` stacked along the output dim (a fused q/k/v or gate/up),
-        rows of part i taken in ``orders[i]`` (None: as stored). Parts all Q4_0, all Q4_1 or
-        all Q4_K in whole tiles go from the file's bytes straight to the tiled layout (one C
-        pass; Q4_0 / Q4_1 in torch without the C kernels); others through ``quantized`` and
+        rows of part i taken in ``orders[i]`` (None: as stored). Parts all of one type of
+        Q4_0, Q4_1, Q4_K, Q5_0, Q5_1 in whole tiles go from the file's bytes straight to the
+        tiled layout (one C pass; Q4_0 / Q4_1 in torch without the C kernels); others through ``quantized`` and
         ``_fused``."""
         infos = [self.gguf.tensor(n) for n in names]
         orders = orders or [None] * len(names)
         rows = sum(i.shape[1] for i in infos)
         kinds = {(i.type_name, i.shape[0]) for i in infos}
         kind = infos[0].type_name
-        if self.tiles and len(kinds) == 1 and kind in ("Q4_0", "Q4_1", "Q4_K") and rows % TILE_ROWS == 0:
+        if self.tiles and len(kinds) == 1 and kind in _C_TILED and rows % TILE_ROWS == 0:
             weight = self._tiled_in_c(names, orders, kind, infos[0].shape[0])
             if weight is not None:
                 return weight
@@ -102,14 +102,15 @@ class GGUFTensors:
 
     def _tiled_in_c(self, names: list[str], orders: list[torch.Tensor | None], kind: str,
                     in_features: int) -> QuantizedWeight | None:
-        """``stacked``'s Q4 parts tiled by the C kernel straight from the map (None: no C
+        """``stacked``'s Q4 / Q5 parts tiled by the C kernel straight from the map (None: no C
         kernel in use): each output row's address, parts in turn, rows in their order."""
         addresses = []
         for name, order in zip(names, orders, strict=True):
             raw = self._raw(name)[1]
             index = np.arange(raw.shape[0], dtype=np.uint64) if order is None else order.numpy().astype(np.uint64)
             addresses.append(raw.ctypes.data + index * np.uint64(raw.shape[1]))
-        weight = kernels.tile_q4_blocks(np.concatenate(addresses), kind, in_features)
+        tile = kernels.tile_q5_blocks if kind.startswith("Q5") else kernels.tile_q4_blocks
+        weight = tile(np.concatenate(addresses), kind, in_features)
         if weight is not None:
             for name in names:
                 self.gguf.release(name)
@@ -137,6 +138,9 @@ class GGUFTensors:
         del blocks
         self.gguf.release(name)
         return weight
+
+
+_C_TILED = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1")  # tiled by one C pass from the file's map
 
 
 def q6_k_native(rows: int, tiles: bool) -> bool:
