@@ -48,6 +48,7 @@ from kernels.dispatch import (
     tile8_blocks,
     tile_q4_blocks,
     tile_q6_k_blocks,
+    tile_q5_blocks,
 )
 from kernels.reference.kv_quant import KV_QUANT_QMAX, dequantize_kv, is_quantized_kv, quantize_kv
 from kernels.reference.moe import ExpertGroups, ExpertWeights
@@ -81,6 +82,7 @@ __all__ = [
     "tile8_blocks",
     "tile_q4_blocks",
     "tile_q6_k_blocks",
+    "tile_q5_blocks",
     "quantize_kv",
     "QuantizedWeight",
     "quant_kernel_max_rows",

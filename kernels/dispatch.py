@@ -317,6 +317,15 @@ def tile8_blocks(parts: Sequence[tuple[np.ndarray, str]], in_features: int) -> Q
     return native.gguf_repack.tile8_blocks(parts, in_features)
 
 
+def tile_q5_blocks(rows: np.ndarray, kind: str, in_features: int) -> QuantizedWeight | None:
+    """Q5_0 / Q5_1 blocks straight to the 5-bit tiles in one C pass (as ``tile_q4_blocks``);
+    None where the C kernel in use does not read tiles."""
+    native = _cpu_in_use()
+    if native is None or not native.quant_linear.tiles:
+        return None
+    return native.quant_linear.tile_q5_blocks(rows, kind, in_features)
+
+
 def prepare_quantized(weight: QuantizedWeight) -> QuantizedWeight:
     """``weight`` in the layout the C kernel in use multiplies fastest: tiled
     (``reference.quant.tile``) where its build reads tiles (AVX-512 VNNI) and the rows come

@@ -23,14 +23,17 @@
 /* One weight, as QuantizedWeight holds it: w[n, k] = d[n, g] * code[n, k] + m[n, g], in
  * rows or in tiles of 16 rows (quant_linear.c, "Tiles of 16 rows"). */
 typedef struct {
-    const uint8_t *codes;  /* [n_out, kp / 2] (4 bits), [n_out, kp] (8 bits), [n_out, kp / 256 * 208] (6 bits: Q6_K) */
+    const uint8_t *codes;  /* [n_out, kp / 2] (4 bits), [n_out, kp / 64 * 40] (5), [n_out, kp] (8 bits), [n_out, kp / 256 * 208] (6 bits: Q6_K) */
     const uint16_t *d;     /* [n_out, num_groups] fp16 bits */
     const uint16_t *m;     /* [n_out, num_groups] fp16 bits */
     const float *bias;     /* [n_out] or NULL */
     int64_t n_out, k_len, kp, num_groups;
-    int32_t group_shift, bits; /* g = (k / 32) >> group_shift; bits 4, 6 or 8 */
+    int32_t group_shift, bits; /* g = (k / 32) >> group_shift; bits 4, 5, 6 or 8 */
     int32_t tiled;             /* codes, d and m in tiles of 16 rows (AVX-512 VNNI builds only) */
 } ArborQWeight;
+
+/* Bytes of codes per weight row of `bits` (4, 5, 6, 8) and padded width kp (a tile's / 16). */
+ARBOR_SHARED int64_t arbor_qweight_row_bytes(int bits, int64_t kp, int tiled);
 
 /* Activation rows quantized to int8 per block of 32 for weights of padded width kp. */
 typedef struct {

@@ -28,7 +28,7 @@ int arbor_quant_tiles(void);
 /* Expert e's n rows of a stacked weight (tiles of 16 rows are contiguous like rows). */
 static ArborQWeight expert_weight(const ArborQWeight *w, int64_t e, int64_t n) {
     ArborQWeight v = *w;
-    const int64_t row_bytes = w->bits == 4 ? w->kp / 2 : w->kp;
+    const int64_t row_bytes = arbor_qweight_row_bytes(w->bits, w->kp, w->tiled);
     v.codes = w->codes + e * n * row_bytes;
     v.d = w->d + e * n * w->num_groups;
     v.m = w->m + e * n * w->num_groups;

@@ -9,12 +9,16 @@
  *   codes, 4 bits: [N, Kp / 2] bytes; within each 64-element superblock, byte i holds
  *                  element i in its low nibble and element 32 + i in its high nibble
  *   codes, 8 bits: [N, Kp] bytes (unsigned; Q8_0's signed q is stored as q + 128, m = -128 d)
+ *   codes, 5 bits: [N, Kp / 64 * 40] bytes: per 64-element superblock the 4-bit layout's 32
+ *                  bytes, then a little-endian uint64 whose bit i is element i's fifth bit
+ *                  (Q5_0 / Q5_1 / Q5_K: codes 0..31, m = -16 d for Q5_0)
  *   codes, 6 bits: Q6_K as the file holds it, w = (d[n, g] * sc_j) * (code - 32) with an int8
  *                  sc_j per 16 elements inside the codes (kernels/reference/q6_k.py; "6 bits" below)
  *   Kp = K rounded up to a multiple of 64; padded columns have code 0 and meet x = 0.
  *   tiled (AVX-512 VNNI only; N a multiple of 16): rows in tiles of 16, and within a tile
  *                  one 64-byte chunk = 4 consecutive inputs of each of the 16 rows (8 bits;
- *                  4 bits: per block, chunk c holds inputs 4c..4c+3 low, 16+4c.. high), scales
+ *                  4 bits: per block, chunk c holds inputs 4c..4c+3 low, 16+4c.. high; 5 bits:
+ *                  those 4 chunks, then a 64-bit mask of fifth bits per chunk and nibble), scales
  *                  and offsets [G][16] per tile: see "Tiles of 16 rows" below
  * Activations: xq[m, k] = round(x[m, k] / dx[m, b]), dx = max |x| / 127 over block b, so
  *   sum_k w x ~= sum_b dx_b (d_g isum_b + m_g xsum_b),
@@ -51,14 +55,19 @@
 #define Q6_TILED_ROW_BYTES 272        /* a row's superblock in tiles: 256 codes a byte each, 16 sc */
 #define Q6_TILE_BYTES (16 * Q6_TILED_ROW_BYTES) /* a superblock in a tile: 8 blocks x 8 chunks, then sc */
 #define Q6_TILE_SC (8 * 8 * 64)       /* where a tiled superblock's sub-block scales start */
+#define Q5_SB_BYTES 40                /* a 64-element superblock of 5-bit codes in rows: 32 nibble bytes, 8 of bits */
+#define Q5_TILE_BLOCK 320             /* a block of a 5-bit tile: 4 chunks of nibbles, 8 masks of 8 bytes */
 
 /* Bytes of codes per weight row (a tile's bytes / 16 when tiled). */
 static inline int64_t qrow_bytes(int bits, int64_t kp, int tiled) {
     if (bits == 6) return kp / Q6_SUPER * (tiled ? Q6_TILED_ROW_BYTES : Q6_ROW_BYTES);
+    if (bits == 5) return kp / 64 * Q5_SB_BYTES; /* the same in tiles: 320 bytes a block of 16 rows */
     return bits == 4 ? kp / 2 : kp;
 }
 
 int arbor_quant_tiles(void);
+
+int64_t arbor_qweight_row_bytes(int bits, int64_t kp, int tiled) { return qrow_bytes(bits, kp, tiled); }
 
 static int threads_for(int64_t work, int num_threads) {
     const int64_t useful = work / MIN_MACS_PER_THREAD;
@@ -106,6 +115,13 @@ static inline int q6_code(const uint8_t *sb, int e) {
     return ((r < 2 ? ql : ql >> 4) & 0x0f) | (((qh >> (2 * r)) & 3) << 4);
 }
 
+/* Code e of a 5-bit row in the row layout: its nibble and its bit in the superblock's uint64. */
+static inline int q5_code(const uint8_t *w, int64_t e) {
+    const uint8_t *sb = w + (e / 64) * Q5_SB_BYTES;
+    const int i = (int)(e % 64);
+    return ((sb[i & 31] >> (i & 32 ? 4 : 0)) & 0x0f) | (((sb[32 + i / 8] >> (i % 8)) & 1) << 4);
+}
+
 /* One 6-bit weight row (codes w, d: its num_groups fp16) against one activation row. */
 static float dot_row6(const uint8_t *w, const uint16_t *d, const int8_t *xq, const float *dx,
                       const int32_t *xsum16, int64_t nb) {
@@ -140,11 +156,16 @@ static void qmatmul_rows6(const ArborQWeight *w, const ArborQAct *a, int64_t n0,
 #if defined(QPATH_AVX512)
 static inline __m512i load_codes(const uint8_t *w, int bits, int64_t sb) {
     if (bits == 8) return _mm512_loadu_si512((const void *)(w + sb * 64));
-    const __m256i v = _mm256_loadu_si256((const __m256i *)(w + sb * 32));
+    const uint8_t *at = w + sb * (bits == 5 ? Q5_SB_BYTES : 32);
+    const __m256i v = _mm256_loadu_si256((const __m256i *)at);
     const __m256i mask = _mm256_set1_epi8(0x0f);
     const __m256i lo = _mm256_and_si256(v, mask);
     const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    const __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); /* elements 0..63 */
+    if (bits != 5) return codes;
+    uint64_t fifth;
+    memcpy(&fifth, at + 32, 8);
+    return _mm512_mask_add_epi8(codes, _cvtu64_mask64(fifth), codes, _mm512_set1_epi8(0x10));
 }
 #endif
 
@@ -159,6 +180,8 @@ static inline float dot_row(const uint8_t *w, int bits, const int8_t *xq, const 
             const uint8_t *wb = w + (b / 2) * 32;
             const int shift = (b & 1) ? 4 : 0;
             for (int i = 0; i < BLOCK; i++) isum += (int32_t)((wb[i] >> shift) & 0x0f) * xb[i];
+        } else if (bits == 5) {
+            for (int i = 0; i < BLOCK; i++) isum += (int32_t)q5_code(w, b * BLOCK + i) * xb[i];
         } else {
             const uint8_t *wb = w + b * BLOCK;
             for (int i = 0; i < BLOCK; i++) isum += (int32_t)wb[i] * xb[i];
@@ -315,6 +338,9 @@ static inline __attribute__((always_inline)) void dot_block(
  *   tile t, 8 bits:  chunk (b * 8 + c) = rows 16t..16t+15 x inputs 32b + 4c .. 32b + 4c + 3
  *   tile t, 4 bits:  chunk (b * 4 + c), c < 4: low nibbles inputs 32b + 4c + q, high nibbles
  *                    inputs 32b + 16 + 4c + q (q = byte in the row's 4)
+ *   tile t, 5 bits:  block b at byte 320 b: those 4 chunks, then 8 uint64 masks, (c, h) at
+ *                    256 + 16c + 8h: bit 4r + q = the fifth bit of the code in byte lane 4r + q
+ *                    of chunk c's low (h = 0) or high (h = 1) nibbles; one masked add of 16 each
  *   scales of tile t: d[16t * G + g * 16 + r] (fp16), offsets likewise
  *
  * Each output lane's arithmetic is the same whatever NT and JN are, so any split of the
@@ -377,7 +403,7 @@ static inline __attribute__((always_inline)) void tile_block(
     const int NT, const int JN, const int BITS, const int ROW_SCALE, __m512 acc[TILE_GROUP][TILE_JN]) {
     for (int i = 0; i < NT; i++)
         for (int j = 0; j < JN; j++) acc[i][j] = _mm512_setzero_ps();
-    const __m512i low = _mm512_set1_epi8(0x0f);
+    const __m512i low = _mm512_set1_epi8(0x0f), sixteen = _mm512_set1_epi8(0x10);
     for (int64_t b = 0; b < nb; b++) {
         __m512i isum[TILE_GROUP][TILE_JN];
         for (int i = 0; i < NT; i++)
@@ -395,12 +421,20 @@ static inline __attribute__((always_inline)) void tile_block(
                 }
             }
         } else {
+            const int64_t block_at = b * (BITS == 5 ? Q5_TILE_BLOCK : 4 * 64);
             for (int c = 0; c < 4; c++) {
                 __m512i lo[TILE_GROUP], hi[TILE_GROUP];
                 for (int i = 0; i < NT; i++) {
-                    const __m512i v = _mm512_loadu_si512((const void *)(codes + i * tile_bytes + (b * 4 + c) * 64));
+                    const uint8_t *chunk = codes + i * tile_bytes + block_at + c * 64;
+                    const __m512i v = _mm512_loadu_si512((const void *)chunk);
                     lo[i] = _mm512_and_si512(v, low);
                     hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                    if (BITS == 5) { /* the fifth bits: + 16 where the chunk's mask has a bit */
+                        uint64_t fifth[2];
+                        memcpy(fifth, codes + i * tile_bytes + block_at + 256 + c * 16, 16);
+                        lo[i] = _mm512_mask_add_epi8(lo[i], _cvtu64_mask64(fifth[0]), lo[i], sixteen);
+                        hi[i] = _mm512_mask_add_epi8(hi[i], _cvtu64_mask64(fifth[1]), hi[i], sixteen);
+                    }
                 }
                 for (int j = 0; j < JN; j++) {
                     int32_t xl, xh;
@@ -474,6 +508,9 @@ static void qmatmul_tiles(const ArborQWeight *w, const ArborQAct *a, int64_t n0,
             } else if (w->bits == 8) {
                 if (row_scale) BY_NT(8, 1);
                 else BY_NT(8, 0);
+            } else if (w->bits == 5) {
+                if (row_scale) BY_NT(5, 1);
+                else BY_NT(5, 0);
             } else {
                 if (row_scale) BY_NT(4, 1);
                 else BY_NT(4, 0);
@@ -519,6 +556,27 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s4);
 }
 
+/* 32 fifth bits -> 32 bytes, byte i = 16 where bit i is set: byte i of the word is spread to
+ * lanes 8 (i / 8) .. + 7 and each lane keeps its own bit. */
+static inline __m256i fifth_bits_avx2(uint32_t bits) {
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int32_t)bits),
+        _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+    const __m256i lane_bit = _mm256_set1_epi64x((int64_t)0x8040201008040201ULL);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, lane_bit), lane_bit), _mm256_set1_epi8(0x10));
+}
+
+/* The 5-bit codes of block b of a row (0..31): its nibbles (the superblock's low or high
+ * ones) with the fifth bits added. */
+static inline __m256i codes5_avx2(const uint8_t *w, int64_t b) {
+    const uint8_t *sb = w + (b / 2) * Q5_SB_BYTES;
+    const __m256i v = _mm256_loadu_si256((const __m256i *)sb);
+    uint32_t fifth;
+    memcpy(&fifth, sb + 32 + (b & 1) * 4, 4);
+    const __m256i nib = _mm256_and_si256((b & 1) ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0f));
+    return _mm256_or_si256(nib, fifth_bits_avx2(fifth));
+}
+
 /* The AVX2 dot_block: NW (<= 2) weight rows against JN (<= 4) activation rows, block by
  * block. A block's codes are unpacked once for the JN rows and an activation block is
  * loaded once for the NW rows; the integer dot product of a block is vpmaddubsw (u8 x s8
@@ -543,6 +601,8 @@ static inline __attribute__((always_inline)) void dot_block_avx2(
             if (BITS == 4) {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(w + i * row_bytes + (b / 2) * 32));
                 wu[i] = _mm256_and_si256((b & 1) ? _mm256_srli_epi16(v, 4) : v, low);
+            } else if (BITS == 5) {
+                wu[i] = codes5_avx2(w + i * row_bytes, b);
             } else {
                 wq[i] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + i * row_bytes + b * BLOCK)), flip);
                 wu[i] = _mm256_sign_epi8(wq[i], wq[i]); /* |q|; q = -128 gives 0x80 = 128 unsigned */
@@ -552,8 +612,8 @@ static inline __attribute__((always_inline)) void dot_block_avx2(
             const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + j * kp + b * BLOCK));
             const float dxb = dx[j * nb + b];
             for (int i = 0; i < NW; i++) {
-                /* |pair| <= 2 * 15 * 127 (4 bits) or 2 * 128 * 127 (8 bits): no saturation */
-                const __m256i pairs = BITS == 4 ? _mm256_maddubs_epi16(wu[i], xv)
+                /* |pair| <= 2 * 31 * 127 (4, 5 bits) or 2 * 128 * 127 (8 bits): no saturation */
+                const __m256i pairs = BITS != 8 ? _mm256_maddubs_epi16(wu[i], xv)
                                                 : _mm256_maddubs_epi16(wu[i], _mm256_sign_epi8(xv, wq[i]));
                 const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
                 const __m256 sc = _mm256_set1_ps(ROW_SCALE ? dxb : wd[i * ws + b] * dxb);
@@ -587,7 +647,7 @@ static inline __attribute__((always_inline)) void dot_block_avx2(
  * alternate blocks. The arithmetic is dot_block_avx2's; xs_total = sum_b xs[b] (the caller's,
  * once per call). */
 static float dot_row1_avx2(const ArborQWeight *w, int64_t n, const ArborQAct *a, float xs_total) {
-    const int64_t kp = w->kp, nb = kp / BLOCK, row_bytes = w->bits == 4 ? kp / 2 : kp;
+    const int64_t kp = w->kp, nb = kp / BLOCK, row_bytes = qrow_bytes(w->bits, kp, 0);
     const uint8_t *codes = w->codes + n * row_bytes;
     const uint16_t *d = w->d + n * w->num_groups, *mo = w->m + n * w->num_groups;
     const float *dx = a->dx, *xs = a->xs;
@@ -629,6 +689,9 @@ static float dot_row1_avx2(const ArborQWeight *w, int64_t n, const ArborQAct *a,
             const __m256i v = _mm256_loadu_si256((const __m256i *)(codes + (b / 2) * 32));
             p0 = _mm256_maddubs_epi16(_mm256_and_si256(v, low), x0);
             p1 = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), x1);
+        } else if (w->bits == 5) {
+            p0 = _mm256_maddubs_epi16(codes5_avx2(codes, b), x0);
+            p1 = _mm256_maddubs_epi16(codes5_avx2(codes, b + 1), x1);
         } else {
             const __m256i q0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(codes + b * BLOCK)), flip);
             const __m256i q1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(codes + b * BLOCK + BLOCK)), flip);
@@ -803,6 +866,9 @@ void arbor_qmatmul_range(const ArborQWeight *w, const ArborQAct *a, int64_t n0, 
                 if (w->bits == 4) {
                     if (row_scale) BY_WEIGHT_ROWS(4, 1);
                     else BY_WEIGHT_ROWS(4, 0);
+                } else if (w->bits == 5) {
+                    if (row_scale) BY_WEIGHT_ROWS(5, 1);
+                    else BY_WEIGHT_ROWS(5, 0);
                 } else {
                     if (row_scale) BY_WEIGHT_ROWS(8, 1);
                     else BY_WEIGHT_ROWS(8, 0);
@@ -882,7 +948,7 @@ static inline uint16_t to_bf16(float f) {
  * (num_groups each). */
 static void untile_row(const uint8_t *codes, const uint16_t *d, const uint16_t *mo, int64_t n, int64_t kp,
                        int64_t num_groups, int bits, uint8_t *row, uint16_t *row_d, uint16_t *row_m) {
-    const int64_t t = n / 16, r = n % 16, row_bytes = bits == 4 ? kp / 2 : kp;
+    const int64_t t = n / 16, r = n % 16, row_bytes = qrow_bytes(bits, kp, 1);
     const uint8_t *tile = codes + t * 16 * row_bytes;
     for (int64_t g = 0; g < num_groups; g++) {
         row_d[g] = d[t * 16 * num_groups + g * 16 + r];
@@ -892,17 +958,30 @@ static void untile_row(const uint8_t *codes, const uint16_t *d, const uint16_t *
         for (int64_t c = 0; c < kp / 4; c++) memcpy(row + 4 * c, tile + c * 64 + 4 * r, 4);
         return;
     }
+    const int64_t block_bytes = bits == 5 ? Q5_TILE_BLOCK : 4 * 64;
+    if (bits == 5) memset(row, 0, (size_t)row_bytes); /* the fifth bits are or-ed in */
     for (int64_t b = 0; b < kp / BLOCK; b++) { /* block b's 32 codes, then into the superblock */
         uint8_t code[BLOCK];
+        const uint8_t *tb = tile + b * block_bytes;
         for (int c = 0; c < 4; c++) {
             for (int q = 0; q < 4; q++) {
-                const uint8_t byte = tile[(b * 4 + c) * 64 + 4 * r + q];
+                const uint8_t byte = tb[c * 64 + 4 * r + q];
                 code[4 * c + q] = byte & 0x0f;
                 code[16 + 4 * c + q] = byte >> 4;
+                if (bits == 5) { /* masks (c, low) and (c, high): bit 4r + q */
+                    const int lane = 4 * (int)r + q;
+                    code[4 * c + q] |= ((tb[256 + c * 16 + lane / 8] >> (lane % 8)) & 1) << 4;
+                    code[16 + 4 * c + q] |= ((tb[256 + c * 16 + 8 + lane / 8] >> (lane % 8)) & 1) << 4;
+                }
             }
         }
-        uint8_t *sb = row + (b / 2) * BLOCK; /* byte i: block 2s element i low, block 2s + 1 high */
-        for (int i = 0; i < BLOCK; i++) sb[i] = (b & 1) ? (uint8_t)(sb[i] | (code[i] << 4)) : code[i];
+        uint8_t *sb = row + (b / 2) * (bits == 5 ? Q5_SB_BYTES : BLOCK); /* byte i: block 2s element i low, 2s + 1 high */
+        for (int i = 0; i < BLOCK; i++) {
+            sb[i] = (b & 1) ? (uint8_t)(sb[i] | ((code[i] & 0x0f) << 4)) : (code[i] & 0x0f);
+            if (bits != 5) continue;
+            const int e = (int)(b & 1) * BLOCK + i; /* the element's bit in the superblock's uint64 */
+            sb[32 + e / 8] = (uint8_t)(sb[32 + e / 8] | ((code[i] >> 4) << (e % 8)));
+        }
     }
 }
 
@@ -957,7 +1036,7 @@ __attribute__((optimize("fp-contract=off"))) void arbor_dequantize(
         dequantize6(codes, d, n_out, kp, num_groups, tiled, out, bf16, num_threads);
         return;
     }
-    const int64_t nb = kp / BLOCK, row_bytes = bits == 4 ? kp / 2 : kp;
+    const int64_t nb = kp / BLOCK, row_bytes = qrow_bytes(bits, kp, 0);
 #pragma omp parallel for num_threads(threads_for(n_out * kp * 4, num_threads)) schedule(static)
     for (int64_t n = 0; n < n_out; n++) {
         uint8_t row[tiled ? row_bytes : 1];
@@ -973,7 +1052,7 @@ __attribute__((optimize("fp-contract=off"))) void arbor_dequantize(
             const float dv = half_to_float(dn[g]), mv = half_to_float(mn[g]);
             const int64_t len = k_len - b * BLOCK < BLOCK ? k_len - b * BLOCK : BLOCK;
 #if defined(QPATH_AVX512) && defined(__AVX512BF16__)
-            if (bf16) { /* 32 values: codes widened, d * code, + m, rounded by vcvtne2ps2bf16 (RNE) */
+            if (bf16 && bits != 5) { /* 32 values: codes widened, d * code, + m, rounded by vcvtne2ps2bf16 (RNE) */
                 __m128i c0, c1;
                 if (bits == 4) {
                     const __m256i v = _mm256_loadu_si256((const __m256i *)(w + (b / 2) * 32));
@@ -997,6 +1076,8 @@ __attribute__((optimize("fp-contract=off"))) void arbor_dequantize(
                 const uint8_t *wb = w + (b / 2) * 32;
                 const int shift = (b & 1) ? 4 : 0;
                 for (int i = 0; i < BLOCK; i++) v[i] = dv * (float)((wb[i] >> shift) & 0x0f) + mv;
+            } else if (bits == 5) {
+                for (int i = 0; i < BLOCK; i++) v[i] = dv * (float)q5_code(w, b * BLOCK + i) + mv;
             } else {
                 const uint8_t *wb = w + b * BLOCK;
                 for (int i = 0; i < BLOCK; i++) v[i] = dv * (float)wb[i] + mv;
@@ -1043,6 +1124,47 @@ void arbor_tile_q4_blocks(const uint8_t *const *rows, int64_t n_out, int64_t k_l
                 if (with_m) memcpy(mt + b * 16 + r, src + 2, 2);
                 else mt[b * 16 + r] = float_to_half(-8.0f * half_to_float(dt[b * 16 + r]));
             }
+        }
+    }
+}
+
+/* Q5_0 / Q5_1 blocks (GGUF: per block of 32, d [, m] fp16, a uint32 of fifth bits (bit j:
+ * element j) and 16 bytes of nibbles as Q4's) straight into the 5-bit tiles, one pass: the
+ * nibble bytes are the block's 4 chunks as for Q4, and mask (c, h) gathers bits 16h + 4c ..
+ * + 3 of each row's uint32 at lanes 4r .. 4r + 3 (the specification: tile(from_ggml_blocks(raw,
+ * kind, k)) in kernels/reference/quant.py). Rows, padding and Q5_0's m = -16 d (fp16) as
+ * arbor_tile_q4_blocks.
+ *   codes: [n_out / 16][kp / 32][320] bytes; d, m: [n_out / 16][kp / 32][16] fp16 bits. */
+void arbor_tile_q5_blocks(const uint8_t *const *rows, int64_t n_out, int64_t k_len, int64_t kp, int with_m,
+                          uint8_t *codes, uint16_t *d, uint16_t *m, int num_threads) {
+    const int64_t nb = k_len / BLOCK, kb = kp / BLOCK, block_bytes = with_m ? 24 : 22, qh_at = with_m ? 4 : 2;
+    const int64_t tiles = n_out / 16;
+#pragma omp parallel for num_threads(threads_for(n_out * kp, num_threads)) schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        uint8_t *ct = codes + t * kb * Q5_TILE_BLOCK;
+        uint16_t *dt = d + t * kb * 16, *mt = m + t * kb * 16;
+        for (int64_t b = 0; b < kb; b++) {
+            uint8_t *cb = ct + b * Q5_TILE_BLOCK;
+            uint64_t masks[8] = {0, 0, 0, 0, 0, 0, 0, 0}; /* (c, h) at 2c + h */
+            for (int r = 0; r < 16; r++) {
+                if (b >= nb) {
+                    for (int c = 0; c < 4; c++) memset(cb + c * 64 + 4 * r, 0, 4);
+                    dt[b * 16 + r] = mt[b * 16 + r] = 0;
+                    continue;
+                }
+                const uint8_t *src = rows[t * 16 + r] + b * block_bytes;
+                uint32_t qh;
+                memcpy(&qh, src + qh_at, 4);
+                for (int c = 0; c < 4; c++) {
+                    memcpy(cb + c * 64 + 4 * r, src + qh_at + 4 + 4 * c, 4);
+                    masks[2 * c] |= (uint64_t)((qh >> (4 * c)) & 0x0f) << (4 * r);
+                    masks[2 * c + 1] |= (uint64_t)((qh >> (16 + 4 * c)) & 0x0f) << (4 * r);
+                }
+                memcpy(dt + b * 16 + r, src, 2);
+                if (with_m) memcpy(mt + b * 16 + r, src + 2, 2);
+                else mt[b * 16 + r] = float_to_half(-16.0f * half_to_float(dt[b * 16 + r]));
+            }
+            memcpy(cb + 256, masks, sizeof masks); /* little-endian, as the kernel loads them */
         }
     }
 }

@@ -35,6 +35,9 @@ class CpuQuantLinear:
         self._tile_q4_k = lib.arbor_tile_q4_k_blocks
         self._tile_q4_k.argtypes = [_P, _I, _I, _P, _P, _P, _N]
         self._tile_q4_k.restype = None
+        self._tile_q5 = lib.arbor_tile_q5_blocks
+        self._tile_q5.argtypes = [_P, _I, _I, _I, _N, _P, _P, _P, _N]
+        self._tile_q5.restype = None
         lib.arbor_quant_path.restype = ctypes.c_int
         self.path = PATHS[lib.arbor_quant_path()]  # the instruction set this build uses
         lib.arbor_quant_has_bf16.restype = ctypes.c_int
@@ -96,6 +99,21 @@ class CpuQuantLinear:
             self._tile_q4(pointers.ctypes.data, n, in_features, kp, int(kind == "Q4_1"), codes.data_ptr(),
                           d.data_ptr(), m.data_ptr(), torch.get_num_threads())
         return QuantizedWeight(codes, d, m, 4, 1, in_features, tiled=True)
+
+    def tile_q5_blocks(self, rows: np.ndarray, kind: str, in_features: int) -> QuantizedWeight:
+        """``tile(from_ggml_blocks(...))`` of Q5_0 / Q5_1 blocks in one C pass, straight to the
+        5-bit tiles; ``rows`` as in ``tile_q4_blocks``."""
+        if kind not in ("Q5_0", "Q5_1") or in_features % BLOCK or len(rows) % TILE_ROWS:
+            raise ValueError(f"tile_q5_blocks takes Q5_0 / Q5_1 rows of whole blocks in whole tiles, got "
+                             f"{kind} {len(rows)} x {in_features}")
+        n, kp = len(rows), -(-in_features // SUPERBLOCK) * SUPERBLOCK
+        codes = torch.empty(n, kp // SUPERBLOCK * 40, dtype=torch.uint8)
+        d = torch.empty(n, kp // BLOCK, dtype=torch.float16)
+        m = torch.empty_like(d)
+        pointers = np.ascontiguousarray(rows, dtype=np.uint64)
+        self._tile_q5(pointers.ctypes.data, n, in_features, kp, int(kind == "Q5_1"), codes.data_ptr(), d.data_ptr(),
+                      m.data_ptr(), torch.get_num_threads())
+        return QuantizedWeight(codes, d, m, 5, 1, in_features, tiled=True)
 
     def dequantize(self, weight: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:  # [N, K]
         """``reference.quant.dequantize``, bit for bit, in one pass over the codes; with

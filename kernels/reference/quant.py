@@ -11,6 +11,9 @@ That one form holds every format we load or make:
     format           bits  group            code               m
     Q4_1 (GGUF)         4  32               q                  m
     Q4_0 (GGUF)         4  32               q                  -8 d
+    Q5_1 (GGUF)         5  32               q                  m
+    Q5_0 (GGUF)         5  32               q                  -16 d
+    Q4_K / Q5_K         4/5  32             q                  -dmin m_j  (d sc_j in d; fp16)
     Q8_0 (GGUF)         8  32               q + 128            -128 d
     "int4" (ours)       4  32..128          round((w-min)/d)   min        (asymmetric)
     "int8" (ours)       8  whole row        q + 128            -128 d     (per channel)
@@ -23,6 +26,9 @@ Code layout (``codes``, uint8), rows padded with zero codes to ``padded_features
 multiple of 64 (the padded columns' scales are 0 or meet zero activations)::
 
     8 bits: one byte per element                                   [N, Kp]
+    5 bits: per 64-element superblock, the 4-bit layout's 32 bytes of low nibbles, then
+            8 bytes (a little-endian uint64) whose bit i is element i's fifth bit
+                                                                   [N, Kp / 64 * 40]
     6 bits: per 256 elements, the file's 208 bytes (q6_k.py)       [N, Kp / 256 * 208]
             (tiled: [N, Kp / 256 * 272], the codes a byte each)
     4 bits: per 64-element superblock, byte i = element i (low nibble) | element 32+i (high)
@@ -39,6 +45,10 @@ the tile's, in this order::
     8 bits: [Kp / 4 chunks][16 rows][4 bytes]   chunk c: inputs 4c .. 4c + 3
     4 bits: [Kp / 32 blocks][4 chunks][16 rows][4 bytes]   byte q of chunk c of block b:
             input 32b + 4c + q (low nibble) | input 32b + 16 + 4c + q (high nibble)
+    5 bits: per block, the 4-bit tile's 256 bytes of nibbles, then 8 little-endian uint64
+            masks [4 chunks][2 halves]: bit 4r + q of mask (c, h) is the fifth bit of row r's
+            input 32b + 16h + 4c + q (the byte lane of that code in the chunk's low (h = 0)
+            or high (h = 1) nibbles): 320 bytes a block, 5 bits a weight as in rows
     6 bits: q6_k.py ("Tiled layout")
     scales, offsets: [G][16 rows]
 """
@@ -67,17 +77,17 @@ GGML_KINDS = (*GGML_BLOCK_BYTES, *K_BYTES, "Q6_K")  # the GGUF block types loade
 class QuantizedWeight:
     """A quantized ``[out_features, in_features]`` weight (see the module docstring)."""
 
-    codes: torch.Tensor  # uint8 [N, Kp] (8 bits) or [N, Kp / 2] (4 bits)
+    codes: torch.Tensor  # uint8 [N, Kp] (8 bits), [N, Kp / 64 * 40] (5 bits) or [N, Kp / 2] (4 bits)
     scales: torch.Tensor  # float16 [N, num_groups], d
     offsets: torch.Tensor  # float16 [N, num_groups], m
-    bits: int  # 4, 6 (Q6_K) or 8
+    bits: int  # 4, 5, 6 (Q6_K) or 8
     blocks_per_group: int | None  # a power of two; None: one group per row (per channel)
     in_features: int  # K, before padding
     tiled: bool = False  # the tiled layout (module docstring); N a multiple of TILE_ROWS
 
     def __post_init__(self) -> None:
-        if self.bits not in (4, 6, 8):
-            raise ValueError(f"bits must be 4, 6 or 8, got {self.bits}")
+        if self.bits not in (4, 5, 6, 8):
+            raise ValueError(f"bits must be 4, 5, 6 or 8, got {self.bits}")
         bpg = self.blocks_per_group
         if bpg is not None and (bpg < 1 or bpg & (bpg - 1)):
             raise ValueError(f"blocks_per_group must be a power of two or None, got {bpg}")
@@ -108,7 +118,7 @@ class QuantizedWeight:
     def row_bytes(self) -> int:  # bytes of codes per row
         if self.bits == 6:
             return self.padded_features // q6_k.SUPER * (q6_k.TILED_ROW_BYTES if self.tiled else q6_k.ROW_BYTES)
-        return self.padded_features * self.bits // 8
+        return self.padded_features * self.bits // 8  # 5 bits: 40 bytes a superblock, rows or tiles
 
     @property
     def num_blocks(self) -> int:
@@ -157,12 +167,28 @@ def cat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
 
 
 # ---- codes <-> layout ----------------------------------------------------------------------
+FIFTH_BYTES = 8  # 5 bits: bytes of fifth bits per 64 codes (a superblock in rows, a chunk's two halves in tiles)
+
+
+def _bits_to_bytes(bits: torch.Tensor) -> torch.Tensor:  # [..., 64] of 0 / 1 -> [..., 8] uint8, bit i in byte i // 8
+    weights = torch.tensor([1 << i for i in range(8)], dtype=torch.int32, device=bits.device)
+    return (bits.to(torch.int32).unflatten(-1, (8, 8)) * weights).sum(-1).to(torch.uint8)
+
+
+def _bytes_to_bits(packed: torch.Tensor) -> torch.Tensor:  # [..., 8] uint8 -> [..., 64] of 0 / 1 (uint8)
+    return ((packed[..., None] >> torch.arange(8, dtype=torch.uint8, device=packed.device)) & 1).flatten(-2)
+
+
 def _pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """[N, Kp] codes (0..2^bits-1, any int dtype) -> the stored uint8 layout."""
     codes = codes.to(torch.uint8)
     if bits == 8:
         return codes.contiguous()
     n, kp = codes.shape
+    if bits == 5:
+        nibbles = _pack_codes(codes & 0x0F, 4).view(n, kp // SUPERBLOCK, BLOCK)
+        fifth = _bits_to_bytes((codes >> 4).view(n, kp // SUPERBLOCK, SUPERBLOCK))
+        return torch.cat([nibbles, fifth], dim=2).reshape(n, -1).contiguous()
     pairs = codes.view(n, kp // SUPERBLOCK, 2, BLOCK)  # [N, superblock, (low, high) block, 32]
     return (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(n, kp // 2).contiguous()
 
@@ -171,6 +197,11 @@ def _unpack_codes(w: QuantizedWeight) -> torch.Tensor:  # [N, Kp] uint8
     if w.bits == 8:
         return w.codes
     n = w.out_features
+    if w.bits == 5:
+        sbs = w.codes.view(n, -1, BLOCK + FIFTH_BYTES)
+        packed = sbs[:, :, :BLOCK].reshape(n, -1, 1, BLOCK)
+        low = torch.cat([packed & 0x0F, packed >> 4], dim=2).reshape(n, w.padded_features)
+        return low | (_bytes_to_bits(sbs[:, :, BLOCK:]).reshape(n, w.padded_features) << 4)
     packed = w.codes.view(n, -1, 1, BLOCK)
     return torch.cat([packed & 0x0F, packed >> 4], dim=2).reshape(n, w.padded_features)
 
@@ -201,11 +232,33 @@ def tile(w: QuantizedWeight) -> QuantizedWeight:
         codes = q6_k.tile(w.codes)
     elif w.bits == 8:  # [t, r, chunk, q] -> [t, chunk, r, q]
         codes = w.codes.view(t, TILE_ROWS, kp // 4, 4).transpose(1, 2)
+    elif w.bits == 5:
+        codes = _tile5(_unpack_codes(w).view(t, TILE_ROWS, kp // BLOCK, 2, 4, 4))
     else:  # codes [t, r, block, half, chunk, q] -> bytes [t, block, chunk, r, q] of (low, high)
         c = _unpack_codes(w).view(t, TILE_ROWS, kp // BLOCK, 2, 4, 4).permute(0, 2, 4, 1, 5, 3)
         codes = c[..., 0] | (c[..., 1] << 4)
     return QuantizedWeight(codes.reshape(n, -1).contiguous(), _tile_groups(w.scales), _tile_groups(w.offsets),
                            w.bits, w.blocks_per_group, w.in_features, tiled=True)
+
+
+def _tile5(c: torch.Tensor) -> torch.Tensor:
+    """Codes [t, r, block, half, chunk, q] (0..31) -> the 5-bit tiles [t, block, 320]."""
+    c = c.permute(0, 2, 4, 1, 5, 3)  # [t, block, chunk, r, q, half]
+    t, nb = c.shape[0], c.shape[1]
+    nibbles = ((c[..., 0] & 0x0F) | ((c[..., 1] & 0x0F) << 4)).reshape(t, nb, 4 * TILE_ROWS * 4)
+    fifth = (c >> 4).permute(0, 1, 2, 5, 3, 4).reshape(t, nb, 4, 2, TILE_ROWS * 4)  # bit 4r + q of (chunk, half)
+    return torch.cat([nibbles, _bits_to_bytes(fifth).reshape(t, nb, 8 * FIFTH_BYTES)], dim=2)
+
+
+def _untile5(w: QuantizedWeight, t: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """Codes [L, Kp] (0..31) of rows (tile t, row r) of a 5-bit tiled weight."""
+    tiles, nb = w.out_features // TILE_ROWS, w.padded_features // BLOCK
+    blocks = w.codes.view(tiles, nb, 4 * TILE_ROWS * 4 + 8 * FIFTH_BYTES)
+    nib = blocks[:, :, :256].reshape(tiles, nb, 4, TILE_ROWS, 4)[t, :, :, r, :]  # [L, block, chunk, q]
+    fifth = _bytes_to_bits(blocks[:, :, 256:].reshape(tiles, nb, 4, 2, FIFTH_BYTES))  # [tiles, block, chunk, h, 64]
+    high = fifth.view(tiles, nb, 4, 2, TILE_ROWS, 4)[t, :, :, :, r, :]  # [L, block, chunk, half, q]
+    low = torch.stack([nib & 0x0F, nib >> 4], dim=3)  # [L, block, chunk, half, q]
+    return (low | (high << 4)).permute(0, 1, 3, 2, 4).reshape(len(t), w.padded_features)
 
 
 def untile(w: QuantizedWeight) -> QuantizedWeight:
@@ -229,6 +282,8 @@ def _tiled_rows(w: QuantizedWeight, index: torch.Tensor) -> QuantizedWeight:
         codes = q6_k.tiled_rows(w.codes, index)
     elif w.bits == 8:
         codes = w.codes.view(tiles, kp // 4, TILE_ROWS, 4)[t, :, r, :].reshape(len(index), kp)
+    elif w.bits == 5:
+        codes = _pack_codes(_untile5(w, t, r), 5)
     else:
         chunks = w.codes.view(tiles, kp // BLOCK, 4, TILE_ROWS, 4)[t, :, :, r, :]  # [L, block, chunk, q]
         codes = _pack_codes(torch.stack([chunks & 0x0F, chunks >> 4], dim=2).reshape(len(index), kp), 4)
@@ -273,6 +328,12 @@ def quantize_int4(weight: torch.Tensor, blocks_per_group: int = 1) -> QuantizedW
     return _by_chunks(_quantize_int4, weight, blocks_per_group)
 
 
+def quantize_int5(weight: torch.Tensor, blocks_per_group: int = 1) -> QuantizedWeight:
+    """Asymmetric 5-bit per group (Q5_1's arithmetic): ``m = min``, ``d = (max - min) / 31``,
+    ``q = round((w - m) / d)``."""
+    return _by_chunks(_quantize_int4, weight, blocks_per_group, 5)
+
+
 def quantize_q6_k(weight: torch.Tensor) -> QuantizedWeight:
     """Q6_K (``q6_k.quantize``: 6-bit codes, an int8 scale per 16, fp16 d per 256); K a
     multiple of 256."""
@@ -290,14 +351,15 @@ def _quantize_int8(weight: torch.Tensor, blocks_per_group: int | None) -> Quanti
                            blocks_per_group, weight.shape[1])
 
 
-def _quantize_int4(weight: torch.Tensor, blocks_per_group: int) -> QuantizedWeight:
+def _quantize_int4(weight: torch.Tensor, blocks_per_group: int, bits: int = 4) -> QuantizedWeight:
     padded = _pad_columns(weight)
     groups = _groups(padded, blocks_per_group)
+    top = (1 << bits) - 1
     lo, hi = groups.amin(dim=2), groups.amax(dim=2)
-    d, m = ((hi - lo) / 15.0).half(), lo.half()
+    d, m = ((hi - lo) / top).half(), lo.half()
     inv = torch.where(d.float() > 0, 1.0 / d.float(), torch.zeros_like(lo))
-    q = torch.round((groups - m.float()[:, :, None]) * inv[:, :, None]).clamp(0, 15)
-    return QuantizedWeight(_pack_codes(q.flatten(1)[:, : padded.shape[1]], 4), d, m, 4, blocks_per_group,
+    q = torch.round((groups - m.float()[:, :, None]) * inv[:, :, None]).clamp(0, top)
+    return QuantizedWeight(_pack_codes(q.flatten(1)[:, : padded.shape[1]], bits), d, m, bits, blocks_per_group,
                            weight.shape[1])
 
 
@@ -307,8 +369,7 @@ def from_ggml_blocks(raw: torch.Tensor, kind: str, in_features: int) -> Quantize
     dequantizing: the scales are copied bit for bit, the codes only rearranged.
 
     ``kind``: "Q4_0" (d f16, 16 bytes of nibbles: element j low, j + 16 high), "Q4_1" (d, m,
-    nibbles), "Q5_0" / "Q5_1" (d, [m,] 4 bytes of fifth bits, nibbles: 5-bit codes, held in
-    8 bits), "Q8_0" (d, 32 int8), "Q4_K" or "Q5_K" (``_from_k_quant``: their block scales
+    nibbles), "Q5_0" / "Q5_1" (d, [m,] 4 bytes of fifth bits, nibbles: 5-bit codes, ``bits=5``), "Q8_0" (d, 32 int8), "Q4_K" or "Q5_K" (``_from_k_quant``: their block scales
     are rounded), "Q6_K" (as it is: ``q6_k``).
     """
     if kind not in GGML_KINDS:
@@ -339,7 +400,7 @@ def from_ggml_blocks(raw: torch.Tensor, kind: str, in_features: int) -> Quantize
         codes = codes.view(n, -1)
         zero = 16.0 if kind == "Q5_0" else 8.0  # Q4_0 / Q5_0: w = d (q - zero)
         m = _f16(blocks, 2).view(n, nb) if with_m else (-zero * d.float()).half()
-    bits = 4 if kind.startswith("Q4") else 8
+    bits = 4 if kind.startswith("Q4") else 5 if kind.startswith("Q5") else 8
     kp = -(-in_features // SUPERBLOCK) * SUPERBLOCK
     pad_blocks = kp // BLOCK - nb
     codes = F.pad(codes, (0, kp - in_features))
@@ -376,8 +437,7 @@ def _f16(blocks: torch.Tensor, at: int) -> torch.Tensor:  # the fp16 at byte ``a
 
 
 def _from_k_quant(raw: torch.Tensor, kind: str, in_features: int) -> QuantizedWeight:
-    """Q4_K / Q5_K superblocks of 256 as groups of 32 (4-bit codes; Q5_K's 5-bit ones held
-    in 8 bits): sub-block j of a superblock has w = d * sc_j * q - dmin * m_j (6-bit sc_j,
+    """Q4_K / Q5_K superblocks of 256 as groups of 32 (4-bit codes; Q5_K's 5-bit ones): sub-block j of a superblock has w = d * sc_j * q - dmin * m_j (6-bit sc_j,
     m_j packed in 12 bytes, as ggml's get_scale_min_k4 reads them). Q4_K's nibbles are
     already in our order (each 64 elements: byte i holds element i low, element 32 + i
     high), so they are copied; Q5_K adds bit j of byte i of its 32 ``qh`` bytes as the
@@ -399,18 +459,22 @@ def _from_k_quant(raw: torch.Tensor, kind: str, in_features: int) -> QuantizedWe
     nibbles = blocks[:, :, 48:].view(n, ns, 4, 32)  # 4 x 64 elements: sub-block 2c low, 2c + 1 high
     codes = torch.stack([nibbles & 0x0F, nibbles >> 4], dim=3).view(n, ns, 8, 32)
     fifth = (qh[:, :, None, :] >> torch.arange(8, dtype=torch.uint8)[:, None]) & 1  # [n, ns, 8, 32]
-    return QuantizedWeight((codes | (fifth << 4)).view(n, ns * 256), scales, offsets, 8, 1, in_features)
+    codes = (codes | (fifth << 4)).view(n, ns * 256)
+    return QuantizedWeight(_pack_codes(codes, 5), scales, offsets, 5, 1, in_features)
 
 
-def widen(w: QuantizedWeight) -> QuantizedWeight:
-    """A 4-bit weight with its codes held in 8 bits (the same values, so it can be stacked
-    with an 8-bit weight of the same groups)."""
-    if w.bits == 8:
+def widen(w: QuantizedWeight, bits: int = 8) -> QuantizedWeight:
+    """A 4- or 5-bit weight with its codes held in ``bits`` (5 or 8; the same values, so it
+    can be stacked with a weight of that width and the same groups)."""
+    if w.bits == bits:
         return w
-    if w.bits == 6:
+    if w.bits == 6 or bits == 6:
         raise ValueError("6-bit (Q6_K) codes have scales per 16 elements: they cannot be widened")
+    if bits not in (5, 8) or w.bits > bits:
+        raise ValueError(f"cannot widen {w.bits}-bit codes to {bits} bits")
     w = untile(w)
-    return QuantizedWeight(_unpack_codes(w).contiguous(), w.scales, w.offsets, 8, w.blocks_per_group, w.in_features)
+    return QuantizedWeight(_pack_codes(_unpack_codes(w), bits), w.scales, w.offsets, bits, w.blocks_per_group,
+                           w.in_features)
 
 
 # ---- the matmul ----------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """A GGUF model's weights loaded as they are stored: Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q6_K
 blocks become ``QuantizedWeight`` codes and scales bit for bit (``weights="gguf"``), with no
-fp32 copy (Q5's 5-bit codes held in 8 bits; Q6_K as it is stored).
+fp32 copy (Q5_0 / Q5_1 / Q5_K as 5-bit codes; Q6_K as it is stored).
 
 What conversion (``convert.py``, through transformers) does to the numbers, we do to rows:
 llama.cpp stores a Llama model's q and k projections with the rows of each head
@@ -11,7 +11,7 @@ linear is then quantized to int8 in groups of 32, and the log says so. Q4_K and 
 load as groups of 32 (their scales rounded to fp16: ``kernels.reference.quant._from_k_quant``).
 Every one of these but Q6_K is a format of groups of 32, so parts of a fused weight stored
 in different ones (a file's v in Q8_0, its q and k in Q4_K) stack without requantizing: 4-bit
-parts are widened to 8-bit codes (``widen``); a Q6_K part beside other types (its scales are
+parts are widened to the widest part's codes (``widen``: 4 to 5 bits beside Q5, to 8 beside Q8_0); a Q6_K part beside other types (its scales are
 per 16 elements) is quantized to int8 in groups of 32 first.
 
 Everything is read tensor by tensor from the file's memory map (``GGUFFile``); where the
@@ -73,7 +73,7 @@ class GGUFTensors:
         """The weights ``names`` stacked along the output dim (a fused q/k/v or gate/up),
         rows of part i taken in ``orders[i]`` (None: as stored). Where the kernels read tiles
         and the C repacks take the parts' types (``_tiled_in_c``), one C pass from the file's
-        bytes to the tiled layout; else all-Q4_0 / all-Q4_1 parts through torch
+        bytes to the tiled layout (Q5_0 / Q5_1 parts to 5-bit tiles); else all-Q4_0 / all-Q4_1 parts through torch
         (``tiled_from_q4_blocks``), and the rest through ``quantized`` and ``_fused``."""
         infos = [self.gguf.tensor(n) for n in names]
         orders = orders or [None] * len(names)
@@ -103,7 +103,8 @@ class GGUFTensors:
     def _tiled_in_c(self, names: list[str], orders: list[torch.Tensor | None],
                     infos: list[TensorInfo]) -> QuantizedWeight | None:
         """``stacked``'s parts tiled by a C kernel straight from the map, in the format the
-        torch path gives them: one 4-bit kind as 4-bit tiles, all-Q6_K parts of whole tiles
+        torch path gives them: one 4-bit kind as 4-bit tiles, one 5-bit kind
+        (Q5_0 / Q5_1) as 5-bit tiles, all-Q6_K parts of whole tiles
         as 6-bit tiles, and parts with Q8_0 or Q6_K among Q4_0 / Q4_1 / Q4_K / Q8_0 / Q6_K
         as 8-bit tiles (``_fused``'s widening and requantizing). None: no C kernel in use,
         or types it does not take (the caller's torch path then)."""
@@ -119,6 +120,8 @@ class GGUFTensors:
             weight = kernels.tile_q4_blocks(np.concatenate(addresses), kinds[0], in_features)
         elif set(kinds) == {"Q6_K"} and all(self._q6_k_native(i) for i in infos):
             weight = kernels.tile_q6_k_blocks(np.concatenate(addresses), in_features)
+        elif len(set(kinds)) == 1 and kinds[0] in ("Q5_0", "Q5_1"):
+            weight = kernels.tile_q5_blocks(np.concatenate(addresses), kinds[0], in_features)
         elif set(kinds) <= set(TILE8_KINDS) and set(kinds) & {"Q8_0", "Q6_K"}:
             weight = kernels.tile8_blocks(list(zip(addresses, kinds, strict=True)), in_features)
         if weight is not None:
@@ -148,6 +151,8 @@ class GGUFTensors:
         del blocks
         self.gguf.release(name)
         return weight
+
+
 
 
 def q6_k_native(rows: int, tiles: bool) -> bool:
@@ -276,14 +281,15 @@ def _build(weights: Weights, args: ModelArgs, max_positions: int) -> LlamaForCau
 
 def _fused(name: str, parts: list[QuantizedWeight]) -> QuantizedWeight:
     """Parts stacked into one weight. Parts of different code widths but the same groups (a
-    file may keep v in Q8_0 and q, k in Q4) stack exactly, the 4-bit ones widened to 8-bit
-    codes; a 6-bit (Q6_K) part among others is first quantized to int8 in groups of 32;
+    file may keep v in Q8_0 and q, k in Q4) stack exactly, the narrower ones widened to the
+    widest (4 bits beside Q5's 5 to 5, anything beside 8 to 8); a 6-bit (Q6_K) part among others is first quantized to int8 in groups of 32;
     parts of still different groups are requantized together to int8 per channel."""
     if len({p.bits for p in parts}) > 1 and any(p.bits == 6 for p in parts):
         log.info("GGUF %s: a Q6_K part beside other types, quantizing it to int8 in groups of 32", name)
         parts = [quantize_int8(dequantize(p), blocks_per_group=1) if p.bits == 6 else p for p in parts]
     if len({p.bits for p in parts}) > 1 and len({p.blocks_per_group for p in parts}) == 1:
-        parts = [widen(p) for p in parts]
+        bits = max(p.bits for p in parts)  # 4-bit codes are 5-bit ones with a zero fifth bit
+        parts = [widen(p, bits) for p in parts]
     if len({(p.bits, p.blocks_per_group) for p in parts}) == 1:
         return cat_rows(parts)
     log.info("GGUF %s: parts in different groups, quantizing the fused weight to int8", name)

@@ -25,6 +25,7 @@ from runtime.model.kv_cache import KVCache
 GROUP_BYTES_PER_ELEMENT = 4 / 32  # an fp16 scale and offset per group of 32 elements
 Q6_K_BYTES_PER_ELEMENT = (272 + 4) / 256  # Q6_K's tiles: a byte a code, sub-block scales, d and -32 d
 _FOUR_BIT_KINDS = ("Q4_0", "Q4_1", "Q4_K")  # held as 4-bit codes; Q6_K as stored; others as 8-bit
+_FIVE_BIT_KINDS = ("Q5_0", "Q5_1", "Q5_K")  # held as 5-bit codes (so are 4-bit parts fused beside them)
 # fused weights: their parts are held in one format (4-bit parts widened beside 8-bit ones)
 _FUSED = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))
 GiB = 1024**3
@@ -100,11 +101,11 @@ def _gguf_nbytes(shapes: dict[str, tuple[int, ...]], gguf: GGUFFile) -> int:
 def _bytes_per_element(kinds: set[str], q6_k_as_stored: bool) -> float:
     """Bytes an element of a weight stored in ``kinds`` (its fused parts' types) takes: Q6_K
     in its tiles (its d and -32 d per 256) where ``gguf_weights.q6_k_native``; 4-bit kinds
-    as 4-bit codes; everything else, and a mix with Q6_K, as 8-bit codes; scales and offsets
-    fp16 per group of 32."""
+    as 4-bit codes; 5-bit kinds, alone or beside 4-bit ones, as 5-bit codes; everything
+    else, and a mix with Q6_K, as 8-bit codes; scales and offsets fp16 per group of 32."""
     if kinds == {"Q6_K"} and q6_k_as_stored:
         return Q6_K_BYTES_PER_ELEMENT
-    bits = 4 if kinds <= set(_FOUR_BIT_KINDS) else 8
+    bits = 4 if kinds <= set(_FOUR_BIT_KINDS) else 5 if kinds <= {*_FOUR_BIT_KINDS, *_FIVE_BIT_KINDS} else 8
     return bits / 8 + GROUP_BYTES_PER_ELEMENT
 
 

@@ -96,6 +96,7 @@ QUANTIZE = {
     "int8": lambda w: Q.quantize_int8(w),
     "int4": lambda w: Q.quantize_int4(w),
     "int4-g64": lambda w: Q.quantize_int4(w, blocks_per_group=2),
+    "int5": lambda w: Q.quantize_int5(w),  # Q5_0 / Q5_1 experts: 5-bit rows
 }
 
 
@@ -125,7 +126,7 @@ def test_c_kernel_matches_the_reference(moe_kernel: CpuMoeExperts, fmt: str, num
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("fmt", ["int8", "int4", "int5"])
 def test_c_kernel_reads_tiled_experts(moe_kernel: CpuMoeExperts, fmt: str) -> None:
     ex = _quantized(_experts(4, 64, 32, seed=8), fmt)
     tiled = _quantized(_experts(4, 64, 32, seed=8), fmt, tiled=True)

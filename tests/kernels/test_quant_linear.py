@@ -41,6 +41,8 @@ FORMATS = {
     "int8-g32": lambda w: Q.quantize_int8(w, blocks_per_group=1),
     "int4-g32": lambda w: Q.quantize_int4(w),
     "int4-g128": lambda w: Q.quantize_int4(w, blocks_per_group=4),
+    "int5-g32": lambda w: Q.quantize_int5(w),  # Q5_0 / Q5_1 / Q5_K's layout
+    "int5-g64": lambda w: Q.quantize_int5(w, blocks_per_group=2),
 }
 
 
@@ -59,7 +61,7 @@ def test_kernel_matches_the_reference(kernel: CpuQuantLinear, fmt: str, rows: in
     assert ((out - spec).norm() / spec.norm()).item() < 0.01
 
 
-@pytest.mark.parametrize("bits,blocks_per_group", [(8, None), (8, 1), (4, 1), (4, 2)])
+@pytest.mark.parametrize("bits,blocks_per_group", [(8, None), (8, 1), (5, 1), (5, 2), (4, 1), (4, 2)])
 def test_kernel_takes_every_code_and_full_scale_activations(
     kernel: CpuQuantLinear, bits: int, blocks_per_group: int | None
 ) -> None:
@@ -200,7 +202,7 @@ def test_tiled_kernel_matches_the_reference(tiling: CpuQuantLinear, fmt: str, ro
     torch.testing.assert_close(out, tiling(x, weight, bias), atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("bits,blocks_per_group", [(8, None), (8, 1), (4, 1), (4, 2)])
+@pytest.mark.parametrize("bits,blocks_per_group", [(8, None), (8, 1), (5, 1), (5, 2), (4, 1), (4, 2)])
 def test_tiled_kernel_takes_every_code_and_full_scale_activations(
         tiling: CpuQuantLinear, bits: int, blocks_per_group: int | None) -> None:
     n, kp = 32, 256
@@ -304,14 +306,19 @@ def test_format_checks_its_tensors() -> None:
 @pytest.mark.parametrize("k", [64, 96])  # 96: an odd number of blocks, padded
 def test_ggml_blocks_load_bit_for_bit(kind: str, k: int) -> None:
     """gguf's own quantizer writes the blocks; ours must dequantize to exactly what gguf's
-    dequantizer gives (both compute d * q + m in fp32). Q5's 5-bit codes are held in 8."""
+    dequantizer gives (both compute d * q + m in fp32). Q5's codes are held in 5 bits, in
+    rows and in tiles, and widened to 8 give the same values."""
     qtype = gguf.GGMLQuantizationType[kind]
     w = _randn(24, k, seed=12).numpy()
     raw = gguf.quants.quantize(w, qtype)  # uint8 [24, k / 32 * block bytes]
     want = torch.from_numpy(gguf.quants.dequantize(raw, qtype).astype(np.float32))
     ours = Q.from_ggml_blocks(torch.from_numpy(raw), kind, k)
-    assert ours.bits == (4 if kind.startswith("Q4") else 8)
+    assert ours.bits == {"Q4": 4, "Q5": 5, "Q8": 8}[kind[:2]]
     torch.testing.assert_close(Q.dequantize(ours), want, atol=0, rtol=0)
+    if ours.bits == 5:
+        tile = ours.rows(torch.arange(16))  # whole tiles
+        for held, rows in ((Q.tile(tile), 16), (Q.widen(ours), 24), (Q.widen(Q.tile(tile)), 16)):
+            torch.testing.assert_close(Q.dequantize(held), want[:rows], atol=0, rtol=0)
 
 
 def _k_quant_blocks(kind: str, n: int, k: int, seed: int) -> np.ndarray:
@@ -324,11 +331,11 @@ def _k_quant_blocks(kind: str, n: int, k: int, seed: int) -> np.ndarray:
     return raw.reshape(n, -1)
 
 
-@pytest.mark.parametrize("kind,bits", [("Q4_K", 4), ("Q5_K", 8)])
+@pytest.mark.parametrize("kind,bits", [("Q4_K", 4), ("Q5_K", 5)])
 @pytest.mark.parametrize("k", [256, 768])
 def test_k_quant_blocks_load_as_groups_of_32(kernel: CpuQuantLinear, kind: str, bits: int, k: int) -> None:
     """Q4_K and Q5_K (superblocks of 256 with 6-bit sub-block scales and mins) as our
-    groups of 32 (Q5_K's 5-bit codes held in 8 bits): within the fp16 rounding of the block
+    groups of 32 (Q5_K's in 5 bits): within the fp16 rounding of the block
     scales of gguf's own dequantizer, and the kernel matches the reference on them."""
     raw = _k_quant_blocks(kind, 20, k, seed=17)
     want = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[kind]).astype(np.float32))
@@ -358,6 +365,19 @@ def test_widen_holds_4_bit_codes_in_8() -> None:
     assert torch.equal(Q.dequantize(wide), Q.dequantize(weight))
     assert torch.equal(Q.dequantize(Q.widen(Q.tile(weight))), Q.dequantize(weight))
     assert Q.widen(wide) is wide
+
+
+def test_widen_holds_4_bit_codes_in_5_and_5_bit_ones_in_8() -> None:
+    """4-bit codes are 5-bit ones with a zero fifth bit (how Q4 parts stack beside Q5); 5-bit
+    ones widen to 8 (beside Q8_0); nothing narrows, and Q6_K does not widen."""
+    four, five = Q.quantize_int4(_randn(32, 96, seed=35)), Q.quantize_int5(_randn(32, 96, seed=36))
+    as5 = Q.widen(four, 5)
+    assert as5.bits == 5 and torch.equal(Q.dequantize(as5), Q.dequantize(four))
+    assert Q.widen(five, 8).bits == 8 and torch.equal(Q.dequantize(Q.widen(five, 8)), Q.dequantize(five))
+    with pytest.raises(ValueError, match="cannot widen"):
+        Q.widen(Q.widen(five, 8), 5)
+    with pytest.raises(ValueError, match="cannot be widened"):
+        Q.widen(Q.quantize_q6_k(_randn(16, 256, seed=37)))
 
 
 def test_ggml_blocks_refuse_unknown_types_and_partial_blocks() -> None:
@@ -495,6 +515,25 @@ def test_c_tiling_of_q4_k_blocks_is_the_references(kernel: CpuQuantLinear, k: in
         assert torch.equal(getattr(got, field), getattr(want, field)), field
     with pytest.raises(ValueError, match="whole blocks"):
         kernel.tile_q4_blocks(np.zeros(48, dtype=np.uint64), "Q4_K", 96)
+
+
+@pytest.mark.parametrize(("kind", "k"), [("Q5_0", 96), ("Q5_1", 576), ("Q5_0", 64), ("Q5_1", 2048)])
+def test_c_tiling_of_q5_blocks_is_the_references(kernel: CpuQuantLinear, kind: str, k: int) -> None:
+    """Q5_0 / Q5_1 from row addresses (a permutation) in one C pass: the reference's rows
+    tiled, fifth bits into their masks, Q5_0's m = -16 d rounded alike (subnormal, largest
+    and overflowing d included); 96 and 576 columns pad to whole superblocks."""
+    values = _randn(48, k, seed=52).numpy()
+    raw = gguf.quants.quantize(values, gguf.GGMLQuantizationType[kind])
+    d = raw.reshape(48, k // 32, -1)[:, :, :2]
+    for row, bits in enumerate([0x0001, 0x03FF, 0x0400, 0x5000, 0x7BFF, 0x77FF, 0x8001, 0xFBFF]):
+        d[row, 0] = np.array([bits], dtype=np.uint16).view(np.uint8)
+    order = np.random.default_rng(53).permutation(48)
+    got = kernel.tile_q5_blocks(raw.ctypes.data + order.astype(np.uint64) * np.uint64(raw.shape[1]), kind, k)
+    want = Q.tile(Q.from_ggml_blocks(torch.from_numpy(raw)[torch.from_numpy(order)], kind, k))
+    for field in ("codes", "scales", "offsets"):
+        assert torch.equal(getattr(got, field), getattr(want, field)), field
+    with pytest.raises(ValueError, match="whole tiles"):
+        kernel.tile_q5_blocks(np.zeros(40, dtype=np.uint64), kind, k)
 
 
 def test_q6_k_tiling_by_row_chunks_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,6 +12,7 @@ import torch
 
 import kernels
 from kernels import UnsupportedDecodeModel
+from kernels.reference.quant import quantize_int8
 from runtime import Engine, SamplingParams
 from runtime.model.fused_decode import FusedDecode
 from runtime.model.kv_cache import KVCache
@@ -172,6 +173,44 @@ def test_q6_k_weights_beside_4_bit_ones(tiles: bool, tiny_llama_256_dir: Path) -
             pytest.skip(f"environment: this CPU's kernels ({native.quant_linear.path}) do not tile")
         prepare_quantized(model)
         assert model.lm_head.weight.tiled and model.lm_head.weight.bits == 6
+    eager, fused = _runners(model, 4, torch.float32)
+    seqs = Seqs(_prompts([9, 300, 2]), 4)
+    with torch.inference_mode():
+        new = eager.forward(seqs.prefill()).logits.argmax(dim=-1).tolist()
+        fused.forward(seqs.prefill())
+        for _ in range(2):
+            batch = seqs.decode(new)
+            want = eager.forward(batch)
+            assert torch.equal(fused.forward(batch).logits, want.logits)
+            new = want.logits.argmax(dim=-1).tolist()
+
+
+@pytest.mark.parametrize("tiles", [False, True], ids=["rows", "tiles"])
+def test_5_bit_weights_beside_4_and_8_bit_ones(tiles: bool, tiny_llama_dir: Path) -> None:
+    """A mix like the default model's Q4_K_M file: attention and the LM head in 5-bit
+    codes (Q5_0 / Q5_1's layout), the MLP's gate/up 8-bit and down 4-bit; the fused step
+    is still the layer-by-layer path bit for bit, in rows and in tiles."""
+    from kernels.reference.quant import quantize_int5
+
+    model = load_model(tiny_llama_dir, CPU, torch.float32, 1024)
+    five = {id(layer): (quantize_int5(layer.self_attn.qkv_proj.weight.detach()),
+                        quantize_int5(layer.self_attn.o_proj.weight.detach())) for layer in model.layers}
+    head = quantize_int5(model.lm_head.weight.detach())
+    gate_up = [layer.mlp.gate_up_proj.weight.detach() for layer in model.layers]
+    quantize_model(model, "int4")
+    for layer, weight in zip(model.layers, gate_up, strict=True):
+        qkv, o = five[id(layer)]
+        layer.self_attn.qkv_proj = QuantizedLinear(qkv)
+        layer.self_attn.o_proj = QuantizedLinear(o)
+        layer.mlp.gate_up_proj = QuantizedLinear(quantize_int8(weight, blocks_per_group=1))
+    model.lm_head = QuantizedLinear(head)
+    if tiles:
+        native = kernels.dispatch._cpu_in_use()
+        assert native is not None
+        if not native.quant_linear.tiles:
+            pytest.skip(f"environment: this CPU's kernels ({native.quant_linear.path}) do not tile")
+        prepare_quantized(model)
+        assert model.lm_head.weight.tiled and model.lm_head.weight.bits == 5
     eager, fused = _runners(model, 4, torch.float32)
     seqs = Seqs(_prompts([9, 300, 2]), 4)
     with torch.inference_mode():

@@ -43,11 +43,12 @@ def default_gguf() -> Any:
 
 def write_gguf(path: Path, source: GGUFFile, qtype: str = "Q8_0", drop: tuple[str, ...] = (),
                ffn_in_metadata: int | None = None, arch: str = "llama", tiny: dict[str, int] = TINY,
-               q6_k: tuple[str, ...] = ()) -> Path:
+               q6_k: tuple[str, ...] = (), types: dict[str, str] | None = None) -> Path:
     """A 2-layer Llama (``tiny``: hidden 64, 4/2 heads of 16, FFN 128, untied head) of random
     weights in ``qtype`` blocks (norms F32), with ``source``'s tokenizer; ``drop``: tensors
     left out; ``ffn_in_metadata``: a feed_forward_length that contradicts the tensors;
-    ``q6_k``: tensors (name stems, e.g. "ffn_down") written in Q6_K instead."""
+    ``q6_k``: tensors (name stems, e.g. "ffn_down") written in Q6_K instead; ``types``: name
+    stems (e.g. "attn_q", "blk.0.attn_v") -> the type gguf's quantizer writes them in."""
     import gguf
 
     from kernels.reference import q6_k as Q6
@@ -93,7 +94,9 @@ def write_gguf(path: Path, source: GGUFFile, qtype: str = "Q8_0", drop: tuple[st
             w.add_tensor(name, Q6.to_blocks(codes, d).numpy(), raw_dtype=gguf.GGMLQuantizationType.Q6_K)
         else:
             values = (0.1 * rng.standard_normal(shape)).astype(np.float32)
-            w.add_tensor(name, gguf.quants.quantize(values, kind), raw_dtype=kind)
+            stem = next((s for s in types or {} if f"{s}.weight" in name), None)
+            this = kind if stem is None else gguf.GGMLQuantizationType[(types or {})[stem]]
+            w.add_tensor(name, gguf.quants.quantize(values, this), raw_dtype=this)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -315,6 +318,51 @@ def test_q6_k_tensors_are_held_as_stored(tmp_path: Path, default_gguf: GGUFFile)
             assert torch.equal(dequantize(head), fp32["lm_head.weight"])
         v = fp32["layers.1.self_attn.qkv_proj.weight"][-128:]
         assert ((dequantize(qkv)[-128:] - v).abs().max() <= v.abs().max() / 127).item()
+        norms = sum(p.numel() * 4 for p in model.parameters())
+        assert quantized_nbytes(model) + norms == planned
+        params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
+        assert len(engine.generate(["Hello"], params)[0].token_ids) == 4
+
+
+# a Q4_K_M-like mix of a model whose rows are not whole superblocks: Q5_0 where Q4_K would be
+Q5_MIX = {"attn_q": "Q5_0", "attn_k": "Q5_0", "blk.0.attn_v": "Q8_0", "blk.1.attn_v": "Q5_0",
+          "attn_output": "Q5_1", "ffn_gate": "Q4_1", "ffn_up": "Q5_1", "ffn_down": "Q4_0", "token_embd": "Q5_0",
+          "output": "Q5_1"}
+
+
+def test_q5_tensors_are_held_in_5_bits(tmp_path: Path, default_gguf: GGUFFile) -> None:
+    """Q5_0 / Q5_1 tensors are 5-bit codes (tiled where the kernels read tiles), and so is a
+    fused weight of Q5 and 4-bit parts (the 4-bit codes widened to 5); one beside Q8_0 is
+    8-bit; every weight is exactly gguf's dequantization; the planned bytes are the loaded
+    ones; the engine decodes."""
+    import kernels
+    from kernels.reference.quant import dequantize
+
+    path = write_gguf(tmp_path / "q5.gguf", default_gguf, types=Q5_MIX)
+    gguf = GGUFFile(path)
+    cfg = hf_config(gguf)
+    fp32 = gguf_state_dict(gguf, ModelArgs.from_hf_config(cfg))
+    engine_setup.enable_cpu_kernels()
+    planned = weights_nbytes(cfg, "gguf", gguf)
+    gguf.close()
+    with Engine(model=str(path), num_pages=64) as engine:
+        model = engine.model
+        weights = {"lm_head.weight": model.lm_head.weight}
+        for i in (0, 1):
+            layer = model.layers[i]
+            weights.update({f"layers.{i}.self_attn.qkv_proj.weight": layer.self_attn.qkv_proj.weight,
+                            f"layers.{i}.self_attn.o_proj.weight": layer.self_attn.o_proj.weight,
+                            f"layers.{i}.mlp.gate_up_proj.weight": layer.mlp.gate_up_proj.weight,
+                            f"layers.{i}.mlp.down_proj.weight": layer.mlp.down_proj.weight})
+        bits = {name: w.bits for name, w in weights.items()}
+        assert bits == {"lm_head.weight": 5, "layers.0.self_attn.qkv_proj.weight": 8,
+                        "layers.1.self_attn.qkv_proj.weight": 5, **{f"layers.{i}.{n}.weight": b for i in (0, 1)
+                        for n, b in (("self_attn.o_proj", 5), ("mlp.gate_up_proj", 5), ("mlp.down_proj", 4))}}
+        assert all(w.tiled == kernels.reads_tiles() for w in weights.values())
+        for name, w in weights.items():
+            assert torch.equal(dequantize(w), fp32[name]), name
+        assert model.embed_tokens.weight.bits == 5
+        assert torch.equal(model.embed_tokens(torch.tensor([5, 49151])), fp32["embed_tokens.weight"][[5, 49151]])
         norms = sum(p.numel() * 4 for p in model.parameters())
         assert quantized_nbytes(model) + norms == planned
         params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
