@@ -47,8 +47,8 @@ from kernels.dispatch import (
     store_kv,
     tile8_blocks,
     tile_q4_blocks,
-    tile_q6_k_blocks,
     tile_q5_blocks,
+    tile_q6_k_blocks,
 )
 from kernels.reference.kv_quant import KV_QUANT_QMAX, dequantize_kv, is_quantized_kv, quantize_kv
 from kernels.reference.moe import ExpertGroups, ExpertWeights
