@@ -333,8 +333,11 @@ class Engine:
                                                        request_id=request_id, tenant=tenant,
                                                        priority=priority, cache_salt=cache_salt))
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """Render ``messages`` with the model's chat template.
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None,
+                            template_kwargs: dict[str, Any] | None = None) -> str:
+        """Render ``messages`` with the model's chat template; ``tools`` (OpenAI function
+        specs) and ``template_kwargs`` (say ``enable_thinking``) go to the template too.
 
         Raises:
             InvalidRequestError: the template cannot render them (no messages, a message
@@ -344,7 +347,8 @@ class Engine:
             raise InvalidRequestError("there are no messages to render")
         try:
             return str(self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=add_generation_prompt))
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt, tools=tools,
+                **(template_kwargs or {})))
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as exc:
             raise InvalidRequestError(f"the chat template cannot render these messages: "
                                       f"{type(exc).__name__}: {exc}") from None
