@@ -11,6 +11,7 @@ thread runs ``EngineCore.step`` (``runtime/engine_core.py``) for all of them. Ca
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import threading
 import uuid
@@ -41,6 +42,7 @@ from runtime.engine_setup import (
 from runtime.errors import EngineFailedError, InvalidRequestError, PromptTooLongError, check_unicode
 from runtime.model.kv_cache import KVCache
 from runtime.model.loader import eos_token_ids
+from runtime.model.pooling import POOLINGS, Pooling, model_pooling
 from runtime.model.runner import ModelRunner
 from runtime.model.scorer import Scorer
 from runtime.output.processor import OutputProcessor
@@ -371,16 +373,24 @@ class Engine:
         with self._core.between_steps():
             return on_own_thread(lambda: self._scorer.logits(ids))
 
-    def embed(self, inputs: list[list[int]]) -> torch.Tensor:  # [len(inputs), hidden] fp32
-        """Embeddings of token sequences: the final-norm hidden state of each one's last
-        token (decoder embedding models pool so: only the last token has seen them all),
-        L2-normalized. Nothing is generated; the model runs between two steps, on a KV
-        pool of its own, in passes of at most ``max_model_len`` tokens.
+    def embed(self, inputs: list[list[int]], pooling: Pooling | None = None,
+              dimensions: int | None = None) -> torch.Tensor:  # [len(inputs), dimensions or hidden] fp32
+        """Embeddings of token sequences: final-norm hidden states pooled per sequence
+        (``runtime.model.pooling``; None: the model's own, ``embedding_pooling``), cut to
+        their first ``dimensions`` (Matryoshka truncation), L2-normalized. Nothing is
+        generated; the model runs between two steps, on a KV pool of its own, in passes of
+        at most ``max_model_len`` tokens.
 
         Raises:
             InvalidRequestError / PromptTooLongError: no inputs, or one empty,
-                out-of-vocabulary or too long.
+                out-of-vocabulary or too long; an unknown pooling; dimensions out of range.
         """
+        pooling = pooling or self.embedding_pooling
+        if pooling not in POOLINGS:
+            raise InvalidRequestError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+        hidden_size = self.model.args.hidden_size
+        if dimensions is not None and not (isinstance(dimensions, int) and 1 <= dimensions <= hidden_size):
+            raise InvalidRequestError(f"dimensions must be an integer in [1, {hidden_size}], got {dimensions!r}")
         if self._tp is not None:
             raise InvalidRequestError("embed() runs the model outside the step loop, which the "
                                       "tensor-parallel ranks do not follow: use tensor_parallel_size=1")
@@ -396,8 +406,13 @@ class Engine:
                 passes.append([])
             passes[-1].append(ids)
         with self._core.between_steps():
-            hidden = on_own_thread(lambda: torch.cat([self._scorer.last_hidden(p) for p in passes]))
-        return torch.nn.functional.normalize(hidden.float(), dim=-1)
+            hidden = on_own_thread(lambda: torch.cat([self._scorer.last_hidden(p, pooling) for p in passes]))
+        return torch.nn.functional.normalize(hidden.float()[:, :dimensions], dim=-1)
+
+    @functools.cached_property
+    def embedding_pooling(self) -> Pooling:
+        """How ``embed`` pools by default: as the model's files state, else the last token."""
+        return model_pooling(self.model_dir) or "last"
 
     def end_session(self, session_id: str) -> None:
         """A retention session ended (a DSL run, an HTTP caller's session): its pinned
