@@ -38,3 +38,34 @@ class ReasoningSpan:
         if self.budget is not None and (not isinstance(self.budget, int) or isinstance(self.budget, bool)
                                         or self.budget < 0):
             raise InvalidRequestError(f"reasoning budget must be an integer >= 0 or None, got {self.budget!r}")
+
+
+@dataclass(frozen=True)
+class ReasoningFormat:
+    """The text markers of a thinking span (``THINK``: ``<think>`` and ``</think>``)."""
+
+    name: str
+    start: str
+    end: str
+
+    def prompt_state(self, prompt: str) -> str:
+        """"open" (the prompt ends inside a span), "closed" (it ends right after one: the
+        template turned thinking off) or "none"."""
+        last_start, last_end = prompt.rfind(self.start), prompt.rfind(self.end)
+        if last_start > last_end and not prompt[last_start + len(self.start):].strip():
+            return "open"
+        if last_end >= 0 and last_end > last_start and not prompt[last_end + len(self.end):].strip():
+            return "closed"
+        return "none"
+
+    def split(self, text: str) -> tuple[str | None, str]:
+        """(thinking, answer) of an output that starts inside a span. An output whose
+        span never ended is all thinking (answer "")."""
+        text = text.lstrip().removeprefix(self.start)  # a model that opens the span itself
+        thinking, found, answer = text.partition(self.end)
+        if not found:
+            return text.strip() or None, ""
+        return thinking.strip() or None, answer.lstrip()
+
+
+THINK = ReasoningFormat("think", "<think>", "</think>")

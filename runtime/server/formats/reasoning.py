@@ -17,41 +17,12 @@ Where the span opens decides how the output reads:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from runtime.model.families import FAMILIES
+from runtime.sampling.reasoning import THINK, ReasoningFormat
 from runtime.server.formats import partial_suffix
 
+__all__ = ["FORMATS", "THINK", "ReasoningFormat", "ReasoningStream", "reasoning_format"]
 
-@dataclass(frozen=True)
-class ReasoningFormat:
-    """The markers of a thinking span."""
-
-    name: str
-    start: str
-    end: str
-
-    def prompt_state(self, prompt: str) -> str:
-        """"open" (the prompt ends inside a span), "closed" (it ends right after one: the
-        template turned thinking off) or "none"."""
-        last_start, last_end = prompt.rfind(self.start), prompt.rfind(self.end)
-        if last_start > last_end and not prompt[last_start + len(self.start):].strip():
-            return "open"
-        if last_end >= 0 and last_end > last_start and not prompt[last_end + len(self.end):].strip():
-            return "closed"
-        return "none"
-
-    def split(self, text: str) -> tuple[str | None, str]:
-        """(thinking, answer) of an output that starts inside a span. An output whose
-        span never ended is all thinking (answer "")."""
-        text = text.removeprefix(self.start)  # a model that opens the span again
-        thinking, found, answer = text.partition(self.end)
-        if not found:
-            return text.strip() or None, ""
-        return thinking.strip() or None, answer.lstrip()
-
-
-THINK = ReasoningFormat("think", "<think>", "</think>")
 FORMATS = {f.name: f for f in (THINK,)}
 
 
