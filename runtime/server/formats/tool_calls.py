@@ -104,6 +104,13 @@ def tool_format(family: str | None, template: str | None) -> ToolFormat:
     return JSON
 
 
+def model_tool_format(engine: Any) -> ToolFormat:
+    """The served model's tool-call syntax (its family's, else its template's)."""
+    template = getattr(getattr(engine, "tokenizer", None), "chat_template", None)
+    family = getattr(getattr(getattr(engine, "model", None), "args", None), "family", None)
+    return tool_format(family, template if isinstance(template, str) else None)
+
+
 def renders_tools(template: str | None) -> bool:
     """Whether a chat template renders the ``tools`` it is given (else they go in the
     system message)."""

@@ -157,3 +157,31 @@ def test_hostile_reasoning_fields_are_4xx_or_answered(url: str, extra: dict[str,
     assert r.status_code < 500, (extra, r.status_code, r.text)
     if r.status_code == 200:  # answered: the span closes at once, the answer may be cut
         assert r.json()["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_messages_and_responses_force_calls_in_the_family_syntax(url: str, thinking_dir: Path) -> None:
+    """The Anthropic and Responses APIs read the same Hermes syntax: the template renders
+    the tools, a forced call is generated after the ``<tool_call>`` marker the server
+    writes (the prompt's token count shows both), and comes back whole."""
+    from transformers import AutoTokenizer
+
+    params = TOOLS[0]["function"]["parameters"]
+    tokenizer = AutoTokenizer.from_pretrained(thinking_dir)
+    rendered = tokenizer.apply_chat_template(MESSAGES, tools=[{"type": "function", "function": {
+        "name": "add", "parameters": params}}], add_generation_prompt=True, tokenize=False)
+    want_prompt = tokenizer(rendered + "<tool_call>\n", add_special_tokens=False)["input_ids"]
+    r = httpx.post(url + "/v1/messages", headers=auth(), timeout=180, json={
+        "model": "m", "max_tokens": 60, "temperature": 0, "messages": MESSAGES,
+        "tools": [{"name": "add", "input_schema": params}], "tool_choice": {"type": "any"}})
+    assert r.status_code == 200, r.text
+    (use,) = [b for b in r.json()["content"] if b["type"] == "tool_use"]
+    assert use["name"] == "add" and r.json()["stop_reason"] == "tool_use"
+    assert r.json()["usage"]["input_tokens"] == len(want_prompt)
+    jsonschema.validate(use["input"], params)
+    r = httpx.post(url + "/v1/responses", headers=auth(), timeout=180, json={
+        "model": "m", "max_output_tokens": 60, "temperature": 0, "input": "What is 2 + 2?",
+        "tools": [{"type": "function", "name": "add", "parameters": params}], "tool_choice": "required"})
+    assert r.status_code == 200, r.text
+    (call,) = [i for i in r.json()["output"] if i["type"] == "function_call"]
+    assert call["name"] == "add"
+    jsonschema.validate(json.loads(call["arguments"]), params)
