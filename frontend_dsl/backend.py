@@ -46,6 +46,10 @@ class GenParams:
     # The program run this request belongs to (set by the executor): a backend with a
     # prefix cache keeps the run's state for its next request until ``end_run``.
     run_id: str | None = None
+    # gen(reasoning=...): the output opens with a thinking span ending with this marker;
+    # the constraint applies after it, and it lasts at most reasoning_budget tokens
+    reasoning_end: str | None = None
+    reasoning_budget: int | None = None
 
     def describe(self) -> dict[str, Any]:
         """JSON-able view for the request graph (fields at their defaults are left out)."""
@@ -61,6 +65,9 @@ class GenParams:
             out["constraint"] = self.constraint.describe()
         if self.return_logprob:
             out["return_logprob"] = True
+        for key in ("reasoning_end", "reasoning_budget"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         return out
 
     def engine_extras(self) -> dict[str, Any]:
@@ -119,6 +126,10 @@ class GenChunk:
 
 class Backend(ABC):
     """What a DSL program needs from a model runner."""
+
+    # Whether ``generate`` honours ``GenParams.reasoning_end`` (a constraint that starts
+    # after the thinking span, a budget); without it only an unconstrained span is allowed.
+    supports_reasoning: bool = False
 
     # ---- tokenizer side (synchronous, thread-safe) ----
     @abstractmethod

@@ -19,11 +19,14 @@ from frontend_dsl.hf_codec import HFCodec
 from frontend_dsl.output_constraint import to_engine_constraint
 from runtime import SamplingParams
 from runtime.cache.retention import Retention
+from runtime.sampling.reasoning import ReasoningSpan
 
 
-def to_sampling_params(params: GenParams, retention: Retention | None = None) -> SamplingParams:
+def to_sampling_params(params: GenParams, retention: Retention | None = None,
+                       reasoning: ReasoningSpan | None = None) -> SamplingParams:
     """The engine's ``SamplingParams`` for one ``gen``; unset fields keep engine defaults."""
     kwargs: dict[str, Any] = {"retention": retention, "max_new_tokens": params.max_tokens, "stop": params.stop,
+                              "reasoning": reasoning,
                               "logprobs": params.return_logprob,
                               "speculation": params.speculation,
                               "constraint": to_engine_constraint(params.constraint)}
@@ -46,6 +49,8 @@ class EngineBackend(Backend):
         retain_runs: keep each program run's states in the engine's prefix cache until the
             run ends (``runtime/cache/retention.py``); off: plain LRU (the baseline).
     """
+
+    supports_reasoning = True
 
     def __init__(self, engine: Any, retain_runs: bool = True) -> None:
         self.engine = engine
@@ -76,7 +81,8 @@ class EngineBackend(Backend):
         # NOTE: leaving this iteration early (the node was cancelled) makes the engine's
         # generate_stream abort the request, which frees its KV pages at once.
         async for out in self.engine.generate_stream(
-            input_ids=input_ids, sampling_params=to_sampling_params(params, self._retention(params.run_id)),
+            input_ids=input_ids,
+            sampling_params=to_sampling_params(params, self._retention(params.run_id), self._span(params)),
             request_id=f"dsl-{uuid.uuid4().hex}",
         ):
             if out.error is not None:
@@ -89,6 +95,12 @@ class EngineBackend(Backend):
                            num_forced_tokens=out.num_forced_tokens,
                            top_logprobs=out.top_logprobs, prompt_logprobs=out.prompt_logprobs,
                            num_tier_cached_tokens=out.num_tier_cached_tokens)
+
+    def _span(self, params: GenParams) -> ReasoningSpan | None:
+        if params.reasoning_end is None:
+            return None
+        end_ids = self.codec.encode(params.reasoning_end)
+        return ReasoningSpan(tuple(end_ids), params.reasoning_budget)
 
     async def score(self, input_ids: list[int], start: int, run_id: str | None = None) -> list[float]:
         params = scoring_params(start, self._retention(run_id))

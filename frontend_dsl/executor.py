@@ -24,6 +24,7 @@ from frontend_dsl.graph import Node
 from frontend_dsl.healing import healing_plan
 from frontend_dsl.output_constraint import parse_output
 from frontend_dsl.primitives import DTYPES, Gen, Select
+from frontend_dsl.reasoning import REASONING_KEY, split_thinking
 from frontend_dsl.ref import Ref, value_text
 from frontend_dsl.run_trace import RunRecorder
 from frontend_dsl.stream_data import StreamData
@@ -71,6 +72,7 @@ class Executor:
     def __init__(self, backend: Backend, on_text: TextListener | None = None) -> None:
         self.backend = backend
         self.streams: dict[int, StreamData] = {0: StreamData()}
+        self.thinking: dict[int, str] = {}  # gen(reasoning=...): each node's thinking span, by node id
         self._on_text = on_text
         self._tasks: set[asyncio.Task[None]] = set()
         self.recorder = RunRecorder()  # node timings and costs: the run's trace (run_trace.py)
@@ -150,6 +152,8 @@ class Executor:
         meta = _gen_meta(final, prompt_len)
         self.recorder.generated(node, meta)
         cut_at = spec.params.max_tokens if final.finish_reason == "length" else None
+        if spec.reasoning_var is not None:  # the state keeps it all; the value is the answer
+            text = self._split_thinking(node, data, spec, text, cut_at)
         value = parse_output(text, spec.params.constraint, cut_at, final.constraint_check)
         if spec.dtype is not None:
             value = DTYPES[spec.dtype][1](text)
@@ -159,12 +163,29 @@ class Executor:
         self._emit(node.stream_id, "", spec.name, final=True)
         return value
 
+    def _split_thinking(self, node: Node, data: StreamData, spec: Gen, text: str, cut_at: int | None) -> str:
+        """Set the thinking variable; the answer after the span."""
+        assert spec.reasoning_var is not None
+        thinking, answer = split_thinking(text)
+        self.thinking[node.id] = thinking
+        data.set_variable(spec.reasoning_var, thinking, {})
+        if answer is None:
+            why = f"the output was cut at max_tokens={cut_at}" if cut_at is not None else "the model never closed it"
+            raise GenerationError(f"gen {spec.name!r}: the thinking span has no end ({why}); "
+                                  "a reasoning_budget closes it in time")
+        return answer
+
     async def _generate(self, stream_id: int, data: StreamData, spec: Gen) -> tuple[GenChunk, str]:
         """Run one generation; append it to ``data``. Returns the final chunk and the text
         the generation added (the chunk's text less a healed token's own text)."""
         heal = healing_plan(data, spec, self.backend) if spec.token_healing else None
         ids, params, skip = (list(data.ids), spec.params, 0) if heal is None else heal
         params = dataclasses.replace(params, run_id=self.run_id)
+        if params.reasoning_end is not None and not self.backend.supports_reasoning and (
+                params.constraint is not None or params.reasoning_budget is not None):
+            raise GenerationError(f"gen {spec.name!r}: a constraint or budget after a thinking span needs a "
+                                  f"backend that starts it there (the in-process engine), not "
+                                  f"{type(self.backend).__name__}")
         final: GenChunk | None = None
         num_chars = 0
         async for chunk in self.backend.generate(ids, params):
@@ -214,7 +235,9 @@ class Executor:
     async def _var(self, node: Node) -> None:
         ref: Ref = node.payload
         value = ref.source.done.result()  # done: the source is a dependency
-        text = value_text(value if ref.key is None else value[ref.key])
+        if ref.key == REASONING_KEY:
+            value = self.thinking[ref.source.id]
+        text = value_text(value if ref.key in (None, REASONING_KEY) else value[ref.key])
         self.streams[node.stream_id].append_text(text, self.backend)
         self._emit(node.stream_id, text)
 

@@ -114,6 +114,9 @@ class GenOptions:
     n: int | None = None  # sugar for a fork of n branches whose values form a list
     speculation: bool = True  # False: no speculative drafts (same output, other speed)
     token_healing: bool = False
+    # reasoning=: the variable that gets the thinking span (None: no span), its budget
+    reasoning_var: str | None = None
+    reasoning_budget: int | None = None
 
     def inheritable(self) -> dict[str, Any]:
         """The settings a run's defaults may fill in, by name: the given ones with their

@@ -28,6 +28,7 @@ from frontend_dsl.gen_options import (
     str_tuple,
 )
 from frontend_dsl.output_constraint import make_constraint
+from frontend_dsl.reasoning import THINK_END
 
 if TYPE_CHECKING:
     from frontend_dsl.tools import Tool
@@ -85,6 +86,7 @@ class Gen(Expr):
     n: int = 1
     as_text: bool = False  # json_schema: keep the (validated) text, not the parsed object
     token_healing: bool = False
+    reasoning_var: str | None = None  # gen(reasoning=...): the variable of the thinking span
 
 
 # A user-supplied select method: called with the choices and, per choice, the logprobs of
@@ -166,6 +168,8 @@ def gen(
     tool_result_prefix: str = DEFAULT_TOOL_RESULT_PREFIX,
     speculation: bool = True,
     token_healing: bool = False,
+    reasoning: bool | str = False,
+    reasoning_budget: int | None = None,
 ) -> Expr:
     """Generate text into variable ``name``.
 
@@ -212,6 +216,13 @@ def gen(
         tools: make the model call one of these ``@tool`` functions; the variable then
             holds a ``ToolCall`` and the result is appended after ``tool_result_prefix``
             (which is refused without ``tools``).
+        reasoning: a reasoning model's output opens with a thinking span (``<think> ...
+            </think>``): ``name`` gets the answer after it (the constraint applies to the
+            answer only) and the thinking goes to its own variable, ``name + "_reasoning"``
+            (True) or the one named here. ``reasoning_budget``: at most this many thinking
+            tokens before the span is closed. The state holds the whole output. A
+            constraint or budget needs a backend that starts it after the span (the
+            in-process engine's).
 
     Returns:
         An expression to append to a state.
@@ -228,14 +239,32 @@ def gen(
         constraint=ConstraintOptions(regex, json_schema, grammar, dtype, strict, json_bounds),
         choice=ChoiceOptions(None if choices is None else tuple(choices), choices_method),
         tool=ToolOptions(tuple(tools or ()), tool_result_prefix),
-        n=n, speculation=speculation, token_healing=token_healing)
+        n=n, speculation=speculation, token_healing=token_healing,
+        reasoning_var=_reasoning_var(name, reasoning, reasoning_budget), reasoning_budget=reasoning_budget)
     return gen_from_options(name, options)
+
+
+def _reasoning_var(name: str | None, reasoning: bool | str, budget: int | None) -> str | None:
+    if reasoning is False:
+        if budget is not None:
+            raise ProgramDefinitionError("reasoning_budget= applies only with reasoning=")
+        return None
+    if reasoning is True:
+        if name is None:
+            raise ProgramDefinitionError("reasoning=True names its variable after the gen's: give a name "
+                                         "(or reasoning='variable')")
+        return f"{name}_reasoning"
+    if not isinstance(reasoning, str) or not reasoning:
+        raise ProgramDefinitionError(f"reasoning= must be True or a variable name, got {reasoning!r}")
+    return reasoning
 
 
 def gen_from_options(name: str | None, options: GenOptions) -> Expr:
     """The expression of a ``gen`` call whose settings are grouped in ``options``: a
     ``Select`` when it has choices, else a ``Gen`` (see ``gen`` for the rules)."""
     if options.choice.choices is not None:
+        if options.reasoning_var is not None:
+            raise ProgramDefinitionError("choices= scores its choices and generates no thinking: drop reasoning=")
         return _select_instead(name, options)
     if options.choice.method is not None:
         raise ProgramDefinitionError("choices_method= applies only with choices=")
@@ -246,7 +275,8 @@ def gen_from_options(name: str | None, options: GenOptions) -> Expr:
     _check_combinations(name, options, params)
     inherit = frozenset(k for k, v in options.inheritable().items() if v is None)
     return Gen(name, params, options.tool.tools, options.tool.result_prefix, inherit, dtype_name,
-               1 if options.n is None else options.n, token_healing=options.token_healing)
+               1 if options.n is None else options.n, token_healing=options.token_healing,
+               reasoning_var=options.reasoning_var)
 
 
 def _select_instead(name: str | None, options: GenOptions) -> Expr:
@@ -284,12 +314,19 @@ def _gen_params(options: GenOptions, dtype_name: str | None) -> GenParams:
     params = GenParams(
         constraint=make_constraint(regex, constraint.json_schema, constraint.grammar, constraint.strict,
                                    constraint.json_bounds),
-        speculation=options.speculation, **{k: v for k, v in settings.items() if v is not None})
+        speculation=options.speculation, **{k: v for k, v in settings.items() if v is not None},
+        reasoning_end=None if options.reasoning_var is None else THINK_END, reasoning_budget=options.reasoning_budget)
     check_params(params)
     return params
 
 
 def _check_combinations(name: str | None, options: GenOptions, params: GenParams) -> None:
+    if options.reasoning_var is not None and (options.tool.tools or options.token_healing or options.n):
+        raise ProgramDefinitionError("reasoning= works with a free or constrained gen, not with tools=, "
+                                     "token_healing= or n=")
+    budget = options.reasoning_budget
+    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 0):
+        raise ProgramDefinitionError(f"reasoning_budget must be an integer >= 0, got {budget!r}")
     if options.tool.tools and params.constraint is not None:
         raise ProgramDefinitionError("tools= sets its own constraint; drop regex/json_schema/grammar")
     if options.token_healing and (options.tool.tools or options.constraint.json_schema is not None

@@ -40,6 +40,7 @@ from frontend_dsl.loop import get_loop
 from frontend_dsl.output_constraint import OutputConstraint
 from frontend_dsl.primitives import Expr, Gen, RoleBegin, RoleEnd, Select, Seq, with_defaults
 from frontend_dsl.program_limits import DEFAULT_LIMITS, ProgramLimits
+from frontend_dsl.reasoning import REASONING_KEY
 from frontend_dsl.ref import Ref
 from frontend_dsl.roles import ROLES, Role, role_affixes
 from frontend_dsl.stream_data import StreamData
@@ -140,6 +141,8 @@ class Session:
             attrs = {"name": item.name, "tools": [t.name for t in item.tools], **params.describe()}
             node = self._add("tool_call", stream_id, attrs, item)
         self._define(stream_id, item.name, node)
+        if item.reasoning_var is not None:
+            self._define(stream_id, item.reasoning_var, node, key=REASONING_KEY)
 
     def _add_gen_n(self, stream_id: int, item: Gen) -> None:
         """``gen(n=k)``: fork k branches (allowed inside an open message: they only
@@ -279,6 +282,9 @@ class Session:
         def resolve() -> Any:
             self._stop_if_tracing(stream_id, name, f"control flow reads generated variable {name!r}")
             value = node.done.result()
+            if key == REASONING_KEY:
+                assert self.executor is not None
+                return self.executor.thinking[node.id]
             return value if key is None else value[key]
 
         return Ref(node, key, name, resolve)

@@ -11,6 +11,7 @@ thread runs ``EngineCore.step`` (``runtime/engine_core.py``) for all of them. Ca
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import threading
 import uuid
@@ -43,6 +44,7 @@ from runtime.errors import EngineFailedError, InvalidRequestError, PromptTooLong
 from runtime.model.disk_tier import make_tier
 from runtime.model.kv_cache import KVCache
 from runtime.model.loader import eos_token_ids
+from runtime.model.pooling import POOLINGS, Pooling, model_pooling
 from runtime.model.runner import ModelRunner
 from runtime.model.scorer import Scorer
 from runtime.output.processor import OutputProcessor
@@ -337,8 +339,11 @@ class Engine:
                                                        request_id=request_id, tenant=tenant,
                                                        priority=priority, cache_salt=cache_salt))
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """Render ``messages`` with the model's chat template.
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None,
+                            template_kwargs: dict[str, Any] | None = None) -> str:
+        """Render ``messages`` with the model's chat template; ``tools`` (OpenAI function
+        specs) and ``template_kwargs`` (say ``enable_thinking``) go to the template too.
 
         Raises:
             InvalidRequestError: the template cannot render them (no messages, a message
@@ -348,7 +353,8 @@ class Engine:
             raise InvalidRequestError("there are no messages to render")
         try:
             return str(self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=add_generation_prompt))
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt, tools=tools,
+                **(template_kwargs or {})))
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as exc:
             raise InvalidRequestError(f"the chat template cannot render these messages: "
                                       f"{type(exc).__name__}: {exc}") from None
@@ -371,16 +377,24 @@ class Engine:
         with self._core.between_steps():
             return on_own_thread(lambda: self._scorer.logits(ids))
 
-    def embed(self, inputs: list[list[int]]) -> torch.Tensor:  # [len(inputs), hidden] fp32
-        """Embeddings of token sequences: the final-norm hidden state of each one's last
-        token (decoder embedding models pool so: only the last token has seen them all),
-        L2-normalized. Nothing is generated; the model runs between two steps, on a KV
-        pool of its own, in passes of at most ``max_model_len`` tokens.
+    def embed(self, inputs: list[list[int]], pooling: Pooling | None = None,
+              dimensions: int | None = None) -> torch.Tensor:  # [len(inputs), dimensions or hidden] fp32
+        """Embeddings of token sequences: final-norm hidden states pooled per sequence
+        (``runtime.model.pooling``; None: the model's own, ``embedding_pooling``), cut to
+        their first ``dimensions`` (Matryoshka truncation), L2-normalized. Nothing is
+        generated; the model runs between two steps, on a KV pool of its own, in passes of
+        at most ``max_model_len`` tokens.
 
         Raises:
             InvalidRequestError / PromptTooLongError: no inputs, or one empty,
-                out-of-vocabulary or too long.
+                out-of-vocabulary or too long; an unknown pooling; dimensions out of range.
         """
+        pooling = pooling or self.embedding_pooling
+        if pooling not in POOLINGS:
+            raise InvalidRequestError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+        hidden_size = self.model.args.hidden_size
+        if dimensions is not None and not (isinstance(dimensions, int) and 1 <= dimensions <= hidden_size):
+            raise InvalidRequestError(f"dimensions must be an integer in [1, {hidden_size}], got {dimensions!r}")
         if self._tp is not None:
             raise InvalidRequestError("embed() runs the model outside the step loop, which the "
                                       "tensor-parallel ranks do not follow: use tensor_parallel_size=1")
@@ -396,8 +410,13 @@ class Engine:
                 passes.append([])
             passes[-1].append(ids)
         with self._core.between_steps():
-            hidden = on_own_thread(lambda: torch.cat([self._scorer.last_hidden(p) for p in passes]))
-        return torch.nn.functional.normalize(hidden.float(), dim=-1)
+            hidden = on_own_thread(lambda: torch.cat([self._scorer.last_hidden(p, pooling) for p in passes]))
+        return torch.nn.functional.normalize(hidden.float()[:, :dimensions], dim=-1)
+
+    @functools.cached_property
+    def embedding_pooling(self) -> Pooling:
+        """How ``embed`` pools by default: as the model's files state, else the last token."""
+        return model_pooling(self.model_dir) or "last"
 
     def end_session(self, session_id: str) -> None:
         """A retention session ended (a DSL run, an HTTP caller's session): its pinned

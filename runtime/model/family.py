@@ -50,3 +50,7 @@ class Family:
     options: Callable[[dict[str, Any]], dict[str, Any]] = field(default=_no_options)
     # GGUF metadata -> extra config.json keys (``gguf_config.hf_config``), e.g. a window
     gguf_metadata: Callable[[dict[str, Any], str], dict[str, Any]] = field(default=_no_metadata)
+    # How the family's chat models write tool calls and thinking (``runtime.server.formats``
+    # names: "hermes", "llama3_json", "mistral"; "think"); None: read from the chat template
+    tool_format: str | None = None
+    reasoning_format: str | None = None

@@ -13,6 +13,7 @@ from runtime.model.attention import AttentionMetadata
 from runtime.model.fused_decode import FusedDecode
 from runtime.model.kv_cache import KVCache
 from runtime.model.llama import LlamaForCausalLM
+from runtime.model.pooling import Pooling, pool
 from runtime.scheduler.batch import ForwardBatch, ForwardSeq
 
 # Attention reads a shared prefix once per group when that saves gathering at least this
@@ -70,15 +71,21 @@ class ModelRunner:
         return ForwardOutput([s.request_id for s, _ in sampled], logits[:n_sample], prompt_lp,
                              verify_logits)
 
-    def last_hidden(self, batch: ForwardBatch) -> torch.Tensor:  # [len(batch.extend), hidden] on the CPU
-        """The final-norm hidden state of each extend seq's last token; nothing is sampled
-        (the embeddings path: the seqs are whole prompts, ``batch.decode`` is empty)."""
+    def last_hidden(self, batch: ForwardBatch, pooling: Pooling = "last") -> torch.Tensor:  # [len(batch.extend), hidden] on the CPU
+        """The final-norm hidden states of each extend seq, pooled (``runtime.model.pooling``:
+        its last token's by default); nothing is sampled (the embeddings path: the seqs are
+        whole prompts, ``batch.decode`` is empty)."""
         assert not batch.decode, "hidden states of prefill seqs only"
         input_ids, positions, slots = self._token_tensors(batch)
         offsets = _row_offsets(batch.extend)
-        rows = [o + len(s.token_ids) - 1 for s, o in zip(batch.extend, offsets, strict=True)]
+        lengths = [len(s.token_ids) for s in batch.extend]
+        if pooling == "mean":  # every row, averaged per seq on the CPU
+            rows = [o + i for o, n in zip(offsets, lengths, strict=True) for i in range(n)]
+        else:
+            rows = [o + (n - 1 if pooling == "last" else 0) for o, n in zip(offsets, lengths, strict=True)]
         index = torch.tensor(rows, dtype=torch.long).to(self.device)
-        return self.model.hidden_states(input_ids, positions, self._metadata(batch, slots), index).cpu()
+        hidden = self.model.hidden_states(input_ids, positions, self._metadata(batch, slots), index).cpu()
+        return pool(hidden.float(), lengths, "mean") if pooling == "mean" else hidden
 
     def _forward_fused(self, seqs: tuple[ForwardSeq, ...]) -> ForwardOutput:
         """Every seq decodes one token and samples after it (decode seqs always do)."""

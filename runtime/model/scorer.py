@@ -18,6 +18,7 @@ import torch
 
 from runtime.model.kv_cache import KVCache
 from runtime.model.llama import LlamaForCausalLM
+from runtime.model.pooling import Pooling
 from runtime.model.runner import ModelRunner
 from runtime.scheduler.batch import ForwardBatch, ForwardSeq, LogitsWanted
 
@@ -43,9 +44,9 @@ class Scorer:
             out = runner.forward(ForwardBatch((seq,), ()))
         return out.verify_logits["0"]
 
-    def last_hidden(self, sequences: Sequence[Sequence[int]]) -> torch.Tensor:  # [B, hidden] on the CPU
-        """The final-norm hidden state of each sequence's last token, all in one prefill
-        pass (the embeddings path: no logits, nothing sampled).
+    def last_hidden(self, sequences: Sequence[Sequence[int]], pooling: Pooling = "last") -> torch.Tensor:  # [B, hidden] on the CPU
+        """The final-norm hidden states of each sequence, pooled (its last token's by
+        default), all in one prefill pass (the embeddings path: no logits, nothing sampled).
 
         Raises:
             ValueError: no sequences, or an empty one.
@@ -54,7 +55,7 @@ class Scorer:
             raise ValueError("nothing to embed: no sequences, or an empty one")
         runner, seqs = self._prefill(sequences, "none")
         with torch.inference_mode():
-            return runner.last_hidden(ForwardBatch(tuple(seqs), ()))
+            return runner.last_hidden(ForwardBatch(tuple(seqs), ()), pooling)
 
     def _prefill(self, sequences: Sequence[Sequence[int]], logits: LogitsWanted) -> tuple[ModelRunner, list[ForwardSeq]]:
         """A runner over a KV pool of its own that holds exactly ``sequences``, and their seqs."""

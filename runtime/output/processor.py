@@ -30,6 +30,7 @@ import torch
 from runtime.constrained import CheckedGrammar, GrammarMatcher
 from runtime.constrained.checked import CheckStats
 from runtime.constrained.masking import mask_logits
+from runtime.constrained.reasoning import ReasoningMatcher
 from runtime.model.runner import ForwardOutput
 from runtime.output.detokenizer import IncrementalDetokenizer
 from runtime.output.request_output import (
@@ -99,9 +100,15 @@ class OutputProcessor:
         seed = params.seed if params.seed is not None else int(
             torch.randint(0, 2**63 - 1, (), generator=self._generator))
         request.output_state = TrackedRequest(request, detok, callback, seed, history=history)
+        if params.reasoning is not None:  # a thinking span with no grammar after it (yet)
+            self.attach_matcher(request, ReasoningMatcher(params.reasoning, None, self.eos_token_ids))
 
     def attach_matcher(self, request: Request, matcher: GrammarMatcher) -> None:
-        """Constrain a tracked request (before it is scheduled)."""
+        """Constrain a tracked request (before it is scheduled); with a thinking span
+        (``SamplingParams.reasoning``) the matcher starts where the span ends."""
+        span = request.params.reasoning
+        if span is not None and not isinstance(matcher, ReasoningMatcher):
+            matcher = ReasoningMatcher(span, matcher, self.eos_token_ids)
         tracked(request).matcher = matcher
 
     def attach_grammar(self, request: Request, grammar: CheckedGrammar) -> None:
@@ -315,9 +322,19 @@ class OutputProcessor:
         # NOTE: a stop string or stop id cuts the text short of what the matcher consumed.
         grammar_end = (reason == "stop" and t.matcher.is_terminated() and not t.detok.stopped
                        and not t.request.params.stop_token_ids)
-        check = t.grammar.check(t.detok.text, reason, grammar_end)
+        check = t.grammar.check(self._answer_text(t), reason, grammar_end)
         self.checks.count(check)
         return check
+
+    def _answer_text(self, t: TrackedRequest) -> str:
+        """The text the constraint speaks for: after the thinking span, if any."""
+        if not isinstance(t.matcher, ReasoningMatcher):
+            return t.detok.text
+        start = t.matcher.answer_start
+        if start is None:
+            return ""
+        return str(self.tokenizer.decode(t.request.output_ids[start:],  # type: ignore[attr-defined]
+                                         skip_special_tokens=t.request.params.skip_special_tokens))
 
     def _emit(self, t: TrackedRequest, error: str | None = None, check: ConstraintCheck | None = None) -> None:
         req = t.request

@@ -8,6 +8,7 @@ from typing import Any
 
 from runtime.cache.retention import MAX_SESSION_ID_LEN, Retention
 from runtime.errors import InvalidRequestError
+from runtime.sampling.reasoning import ReasoningSpan
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,9 @@ class SamplingParams:
     # Keep what this request computes for its session's next request (a DSL run, an HTTP
     # session): runtime/cache/retention.py. Never changes the output; the engine caps the TTL.
     retention: Retention | None = None
+    # The output opens with a thinking span (a reasoning model): ``constraint`` applies
+    # after it, its length is bounded (runtime/sampling/reasoning.py). None: no span.
+    reasoning: ReasoningSpan | None = None
 
     def __post_init__(self) -> None:
         # Accept lists for convenience but store tuples (frozen, hashable).
@@ -111,6 +115,8 @@ class SamplingParams:
             raise bad(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty!r}")
         if self.retention is not None:
             _check_retention(self.retention)
+        if self.reasoning is not None and not isinstance(self.reasoning, ReasoningSpan):
+            raise bad(f"reasoning must be a ReasoningSpan or None, got {type(self.reasoning).__name__}")
 
     @property
     def penalized(self) -> bool:

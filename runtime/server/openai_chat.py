@@ -3,29 +3,46 @@
 Forced tool calls (``tool_choice`` "required" or a named function) and ``response_format``
 become a JSON-schema constraint (strict when the format or a forced function says so); each
 final choice says how its output fared against that schema (``constraint_check``).
-``tool_choice="auto"`` describes the tools in the system message and returns tool calls
-when the model's whole answer is calls (``{"name": ..., "arguments": {...}}``, a JSON
-list of them, or ``<tool_call>`` blocks).
+``tool_choice="auto"`` gives the model the tools (through its template when it renders
+them, else in the system message) and returns the calls its answer ends with, in the
+model family's own syntax (``formats/tool_calls.py``: Hermes ``<tool_call>`` blocks,
+Llama 3 JSON, Mistral ``[TOOL_CALLS]``, or Arbor's JSON).
 
 Parallel tool calls: with ``parallel_tool_calls`` (OpenAI's default: true) an answer may
 hold several calls. ``tool_choice="required"`` is then constrained as a non-empty JSON list
 of calls, each against its tool's schema; a named ``tool_choice`` stays one call of that
 function. With ``parallel_tool_calls: false`` the answer is at most one call (an "auto"
-answer of several calls is returned as content, not cut to its first). Streamed, each call
-is one delta with its ``index``.
+answer of several calls is returned as content, not cut to its first). Streamed, content
+flows until the calls' marker; each call is then one delta with its ``index``.
+
+Reasoning models (``formats/reasoning.py``): the thinking span comes back as
+``reasoning_content`` (streamed as such deltas), ``reasoning_budget`` bounds it, and every
+constraint (response_format, forced calls) starts after it (``SamplingParams.reasoning``).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from fastapi import Request
 
 from runtime.errors import InvalidRequestError
 from runtime.output.request_output import RequestOutput
+from runtime.sampling.reasoning import ReasoningSpan
 from runtime.server import engine_constraints
+from runtime.server.formats.reasoning import ReasoningFormat, ReasoningStream, reasoning_format
+from runtime.server.formats.tool_calls import (
+    JSON,
+    ToolCallStream,
+    ToolFormat,
+    calls_list_schema,
+    parse_tool_calls,
+    renders_tools,
+    tool_call_schema,
+    tool_format,
+    tools_prompt,
+)
 from runtime.server.openai_common import Endpoint, Job, output_constraint, token_text, usage
 from runtime.server.protocol import (
     ChatChoice,
@@ -41,7 +58,6 @@ from runtime.server.protocol import (
     DeltaToolCall,
     NamedToolChoice,
     TokenLogprob,
-    ToolCallFunction,
     ToolCallOut,
     TopLogprob,
 )
@@ -49,12 +65,12 @@ from runtime.server.serving import ServerContext, encode_prompt, new_id
 from runtime.server.sse import EventStreamResponse
 from runtime.server.tenants import Caller
 
-TOOLS_PROMPT = (
-    "You can call the following functions. To call one, answer with a single JSON object "
-    '{{"name": <function name>, "arguments": <arguments object>}} and nothing else.{parallel}\n'
-    "Functions:\n{specs}"
-)
-PARALLEL_PROMPT = " To call several at once, answer with a JSON list of such objects."
+__all__ = ["ChatEndpoint", "calls_list_schema", "parse_tool_call", "parse_tool_calls", "render_chat",
+           "tool_call_schema"]
+
+# chat_template_kwargs the server sets itself
+_RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "tokenize", "add_generation_prompt", "chat_template",
+                                       "conversation", "documents", "continue_final_message", "return_dict"})
 
 
 class ChatEndpoint(Endpoint):
@@ -64,6 +80,8 @@ class ChatEndpoint(Endpoint):
         super().__init__(ctx, body, caller)
         self.id = new_id("chatcmpl")
         self.req = body
+        template, family = model_template(ctx.engine)
+        self.format = tool_format(family, template)
         tools = body.tools or []
         choice = body.tool_choice or ("auto" if tools else "none")
         self.tools = tools if choice != "none" else []
@@ -76,18 +94,28 @@ class ChatEndpoint(Endpoint):
             raise InvalidRequestError("top_logprobs needs logprobs=true")
         self.parallel = body.parallel_tool_calls and not isinstance(choice, NamedToolChoice)
         if self.forced:
-            schema = tool_call_schema(self.forced)
+            schema = self.format.call_schema(self.forced)
             constraint = engine_constraints.json_schema(
                 calls_list_schema(schema) if self.parallel else schema,
                 strict=any(t.function.strict for t in self.forced), json_bounds=body.json_bounds)
         text = render_chat(ctx.engine, body.messages, self.tools, body.add_generation_prompt,
-                           self.parallel)
+                           self.parallel, self.format, _template_kwargs(body.chat_template_kwargs))
+        self.reasoning, text = _open_thinking(reasoning_format(family, template), text, body)
+        # a forced call's opening marker: after the prompt, or (reasoning) read as if written
+        self.prefix = self.format.forced_prefix if self.forced else ""
+        if self.reasoning is None:
+            text += self.prefix
         self.prompt_ids = encode_prompt(ctx.engine, text)
+        span = None
+        if self.reasoning is not None and (constraint is not None or body.reasoning_budget is not None):
+            end_ids = ctx.engine.tokenizer(self.reasoning.end, add_special_tokens=False)["input_ids"]
+            span = ReasoningSpan(tuple(end_ids), body.reasoning_budget)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         self.jobs: list[Job] = [
             (self.prompt_ids, self.params(len(self.prompt_ids), j, max_tokens, constraint,
-                                          body.logprobs, body.top_logprobs or 0))
+                                          body.logprobs, body.top_logprobs or 0, span))
             for j in range(body.n)]
+        self._streams: dict[int, _ChoiceStream] = {}
 
     def _forced_tools(self, choice: Any) -> list[ChatTool] | None:
         if not self.tools or choice == "auto":
@@ -107,44 +135,56 @@ class ChatEndpoint(Endpoint):
         return ChatCompletionResponse(id=self.id, model=self.model, choices=choices,
                                       usage=usage([len(self.prompt_ids)], finals))
 
+    def _answer(self, text: str) -> tuple[str | None, str | None, list[ToolCallOut]]:
+        """(thinking, content, calls) of a whole output."""
+        thinking, answer = self.reasoning.split(text) if self.reasoning is not None else (None, text)
+        if not self.tools:
+            return thinking, answer, []
+        content, calls = self.format.parse(self.prefix + answer, self.forced or self.tools, self.parallel)
+        return thinking, (content if calls else answer), calls
+
     def _choice(self, index: int, out: RequestOutput) -> ChatChoice:
-        calls = self._tool_calls(out.text)
-        message = (ChatMessageOut(content=None, tool_calls=calls) if calls
-                   else ChatMessageOut(content=out.text))
+        thinking, content, calls = self._answer(out.text)
+        message = ChatMessageOut(content=content, tool_calls=calls or None, reasoning_content=thinking)
         return ChatChoice(index=index, message=message, finish_reason=self._finish(out, calls),
                           logprobs=self._logprobs(out.token_ids, out),
                           constraint_check=engine_constraints.check_info(out.constraint_check))
-
-    def _tool_calls(self, text: str) -> list[ToolCallOut]:
-        if not self.tools:
-            return []
-        return parse_tool_calls(text, self.forced or self.tools, self.parallel)
 
     @staticmethod
     def _finish(out: RequestOutput, calls: list[ToolCallOut]) -> str | None:
         return "tool_calls" if calls and out.finish_reason == "stop" else out.finish_reason
 
     def chunks(self, index: int, out: RequestOutput) -> list[dict[str, Any]]:
-        """Content deltas as they come; with tools, the answer is held back to the end
-        (it may turn out to be a tool call), then sent as one delta."""
+        """Thinking and content deltas as they come; text that may be the start of the
+        tool calls is held back to the end (it is parsed then), and each call is sent as
+        one delta."""
         payloads = []
-        first = len(out.token_ids) == len(out.delta_token_ids)
-        if first:
+        state = self._streams.get(index)
+        if state is None:
+            state = self._streams[index] = _ChoiceStream(self.reasoning, self.format if self.tools else None)
             payloads.append(self._chunk(index, ChatDelta(role="assistant", content="")))
-        if self.tools and not out.finished:
-            return payloads
-        calls = self._tool_calls(out.text) if out.finished else []
-        token_ids = out.token_ids if self.tools else out.delta_token_ids
-        finish = self._finish(out, calls) if out.finished else None
-        if calls:  # one delta per call, by its index; the last carries the finish
-            for i, call in enumerate(calls[:-1]):
-                payloads.append(self._chunk(index, ChatDelta(tool_calls=[
-                    DeltaToolCall(index=i, id=call.id, function=call.function)])))
-            delta = ChatDelta(tool_calls=[DeltaToolCall(index=len(calls) - 1, id=calls[-1].id,
-                                                        function=calls[-1].function)])
-        else:
-            delta = ChatDelta(content=out.text if self.tools else out.delta_text)
-        payloads.append(self._chunk(index, delta, finish, self._logprobs(token_ids, out), out))
+        thinking, content = state.feed(out.delta_text, out.finished)
+        deltas = []
+        if thinking:
+            deltas.append(ChatDelta(reasoning_content=thinking))
+        calls: list[ToolCallOut] = []
+        if out.finished and self.tools:
+            _, _, calls = self._answer(out.text)
+            content += "" if calls else state.rest()
+        if content:
+            deltas.append(ChatDelta(content=content))
+        deltas += [ChatDelta(tool_calls=[DeltaToolCall(index=i, id=c.id, function=c.function)])
+                   for i, c in enumerate(calls)]
+        if out.finished and not deltas:
+            deltas.append(ChatDelta(content=""))
+        for j, delta in enumerate(deltas):
+            last = j == len(deltas) - 1
+            logprobs = None
+            if last:  # the tokens not yet reported, on the step's last chunk
+                logprobs = self._logprobs(out.token_ids[state.num_reported:], out)
+                state.num_reported = len(out.token_ids)
+            payloads.append(self._chunk(index, delta, self._finish(out, calls) if last and out.finished else None,
+                                        logprobs, out if last else None))
         return payloads
 
     def _chunk(self, index: int, delta: ChatDelta, finish: str | None = None,
@@ -185,33 +225,92 @@ def _token_entry(tokenizer: Any, token_id: int, logprob: float) -> dict[str, Any
     return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
 
+def model_template(engine: Any) -> tuple[str | None, str | None]:
+    """(chat template, family name) of the served model (what picks its formats)."""
+    template = getattr(getattr(engine, "tokenizer", None), "chat_template", None)
+    args = getattr(getattr(engine, "model", None), "args", None)
+    return (template if isinstance(template, str) else None), getattr(args, "family", None)
+
+
+def _template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+    if kwargs and (reserved := sorted(_RESERVED_TEMPLATE_KWARGS & kwargs.keys())):
+        raise InvalidRequestError(f"chat_template_kwargs may not set {', '.join(reserved)} (the server does)")
+    return kwargs
+
+
+def _open_thinking(fmt: ReasoningFormat | None, prompt: str,
+                   body: ChatCompletionRequest) -> tuple[ReasoningFormat | None, str]:
+    """The thinking span of this answer (None: there is none) and the prompt, which opens
+    the span when the template left that to the model (``formats/reasoning.py``)."""
+    state = fmt.prompt_state(prompt) if fmt is not None and body.add_generation_prompt else "closed"
+    if state == "closed":
+        if body.reasoning_budget is not None:
+            raise InvalidRequestError("reasoning_budget applies to a reasoning model with thinking on; "
+                                      "this answer has no thinking span")
+        return None, prompt
+    assert fmt is not None
+    return fmt, prompt if state == "open" else prompt + fmt.start
+
+
+class _ChoiceStream:
+    """One streamed choice: its thinking and content split (``ReasoningStream``), the
+    content held back from its tool calls' marker on (``ToolCallStream``)."""
+
+    def __init__(self, reasoning: ReasoningFormat | None, tools: ToolFormat | None) -> None:
+        self.reasoning = ReasoningStream(reasoning) if reasoning is not None else None
+        self.tools = ToolCallStream(tools) if tools is not None else None
+        self.num_reported = 0  # output tokens whose logprobs were sent
+
+    def feed(self, delta: str, finished: bool) -> tuple[str, str]:
+        """(thinking, content) to send for the next piece of output text."""
+        thinking, answer = self.reasoning.feed(delta) if self.reasoning is not None else ("", delta)
+        if finished and self.reasoning is not None:
+            thinking += self.reasoning.flush()
+        content = self.tools.feed(answer) if self.tools is not None else answer
+        return thinking, content
+
+    def rest(self) -> str:
+        """Content held back (an answer that did not turn out to be calls)."""
+        return self.tools.rest() if self.tools is not None else ""
+
+
 def render_chat(engine: Any, messages: list[ChatMessageIn], tools: list[ChatTool],
-                add_generation_prompt: bool, parallel: bool = False) -> str:
-    """The prompt text: the model's chat template over ``messages``; tools (if any) are
-    described in the system message."""
-    dicts = [_message_dict(m) for m in messages]
-    if tools:
-        specs = "\n".join(json.dumps(t.function.model_dump(exclude_none=True)) for t in tools)
-        note = TOOLS_PROMPT.format(specs=specs, parallel=PARALLEL_PROMPT if parallel else "")
+                add_generation_prompt: bool, parallel: bool = False, fmt: ToolFormat = JSON,
+                template_kwargs: dict[str, Any] | None = None) -> str:
+    """The prompt text: the model's chat template over ``messages``; tools (if any) go to
+    a template that renders them, else they are described in the system message in
+    ``fmt``'s syntax."""
+    template, _ = model_template(engine)
+    native = bool(tools) and fmt is not JSON and renders_tools(template)
+    dicts = [_message_dict(m, native) for m in messages]
+    if tools and not native:
+        note = tools_prompt(fmt, tools, parallel)
         if dicts[0]["role"] == "system":
             dicts[0] = {**dicts[0], "content": dicts[0]["content"] + "\n\n" + note}
         else:
             dicts.insert(0, {"role": "system", "content": note})
-    return str(engine.apply_chat_template(dicts, add_generation_prompt=add_generation_prompt))
+    specs = [t.model_dump(exclude_none=True) for t in tools] if native else None
+    if specs is None and not template_kwargs:
+        return str(engine.apply_chat_template(dicts, add_generation_prompt=add_generation_prompt))
+    return str(engine.apply_chat_template(dicts, add_generation_prompt=add_generation_prompt, tools=specs,
+                                          template_kwargs=template_kwargs))
 
 
-def _message_dict(m: ChatMessageIn) -> dict[str, Any]:
+def _message_dict(m: ChatMessageIn, native: bool = False) -> dict[str, Any]:
     if isinstance(m.content, list):
         if any(p.type != "text" for p in m.content):
             raise InvalidRequestError("only text content parts are supported")
         content = "".join(p.text or "" for p in m.content)
     else:
         content = m.content or ""
-    if m.tool_calls and not content:  # an earlier call, shown as the JSON the model wrote
+    role = "system" if m.role == "developer" else m.role
+    extra: dict[str, Any] = {k: v for k, v in (("name", m.name), ("tool_call_id", m.tool_call_id)) if v is not None}
+    if m.tool_calls and native:  # the template writes earlier calls in the model's syntax
+        extra["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+            "name": c.function.name, "arguments": _arguments(c)}} for c in m.tool_calls]
+    elif m.tool_calls and not content:  # an earlier call, shown as the JSON the model wrote
         content = "\n".join(json.dumps({"name": c.function.name, "arguments": _arguments(c)})
                             for c in m.tool_calls)
-    role = "system" if m.role == "developer" else m.role
-    extra = {k: v for k, v in (("name", m.name), ("tool_call_id", m.tool_call_id)) if v is not None}
     return {"role": role, "content": content, **extra}  # NOTE: templates that know them use them
 
 
@@ -222,68 +321,7 @@ def _arguments(call: ToolCallOut) -> Any:
         raise InvalidRequestError(f"tool call {call.id!r}: function.arguments is not JSON ({exc})") from None
 
 
-def tool_call_schema(tools: list[ChatTool]) -> dict[str, Any]:
-    """JSON schema of exactly one call ``{"name", "arguments"}`` to one of ``tools``
-    (``$defs`` hoisted to the top so references stay valid)."""
-    defs: dict[str, Any] = {}
-    options = []
-    for t in tools:
-        params = dict(t.function.parameters)
-        defs.update(params.pop("$defs", {}))
-        options.append({"type": "object",
-                        "properties": {"name": {"const": t.function.name}, "arguments": params},
-                        "required": ["name", "arguments"], "additionalProperties": False})
-    schema: dict[str, Any] = {"anyOf": options} if len(options) > 1 else options[0]
-    if defs:
-        schema["$defs"] = defs
-    return schema
-
-
-def calls_list_schema(call_schema: dict[str, Any]) -> dict[str, Any]:
-    """JSON schema of a non-empty list of calls, each matching ``call_schema``
-    (``tool_call_schema``; its ``$defs`` stay at the top so references stay valid)."""
-    items = dict(call_schema)
-    defs = items.pop("$defs", None)
-    schema: dict[str, Any] = {"type": "array", "items": items, "minItems": 1}
-    if defs:
-        schema["$defs"] = defs
-    return schema
-
-
 def parse_tool_call(text: str, tools: list[ChatTool]) -> ToolCallOut | None:
     """A tool call if ``text`` is exactly one JSON call to one of ``tools``, else None."""
     calls = parse_tool_calls(text, tools, parallel=False)
     return calls[0] if calls else None
-
-
-_TOOL_CALL_BLOCK = re.compile(r"\s*<tool_call>(.*?)</tool_call>\s*", re.S)
-
-
-def parse_tool_calls(text: str, tools: list[ChatTool], parallel: bool = True) -> list[ToolCallOut]:
-    """The calls ``text`` is made of: one JSON call, a JSON list of calls, or
-    ``<tool_call>`` blocks, each to one of ``tools``; empty unless the whole text is calls
-    (or, without ``parallel``, unless it is exactly one call)."""
-    body = text.strip()
-    blocks = _TOOL_CALL_BLOCK.findall(body)
-    sources = blocks if blocks and _TOOL_CALL_BLOCK.sub("", body) == "" else [body]
-    payloads: list[Any] = []
-    for source in sources:
-        try:
-            payload = json.loads(source)
-        except json.JSONDecodeError:
-            return []
-        payloads += payload if isinstance(payload, list) and len(sources) == 1 else [payload]
-    calls = [_one_call(p, tools) for p in payloads]
-    if not calls or any(c is None for c in calls) or (not parallel and len(calls) > 1):
-        return []
-    return [c for c in calls if c is not None]
-
-
-def _one_call(payload: Any, tools: list[ChatTool]) -> ToolCallOut | None:
-    if not isinstance(payload, dict) or payload.get("name") not in {t.function.name for t in tools}:
-        return None
-    arguments = payload.get("arguments", payload.get("parameters", {}))
-    if not isinstance(arguments, dict):
-        return None
-    return ToolCallOut(id=new_id("call"), function=ToolCallFunction(
-        name=payload["name"], arguments=json.dumps(arguments)))

@@ -12,6 +12,7 @@ from fastapi import Request
 from runtime.errors import InvalidRequestError
 from runtime.output.request_output import RequestOutput
 from runtime.sampling.params import SamplingParams
+from runtime.sampling.reasoning import ReasoningSpan
 from runtime.server import engine_constraints
 from runtime.server.api import openai_fields
 from runtime.server.api.constraint_fields import CONSTRAINT_FIELDS, constraint_from_fields
@@ -54,8 +55,9 @@ class Endpoint:
             raise InvalidRequestError(f"n is {body.n}; this server allows at most {ctx.limits.max_n}")
 
     def params(self, prompt_len: int, index: int, max_tokens: int | None, constraint: Any,
-               logprobs: bool, top_logprobs: int) -> SamplingParams:
-        """The engine params of choice ``index``, after the up-front length checks."""
+               logprobs: bool, top_logprobs: int, reasoning: ReasoningSpan | None = None) -> SamplingParams:
+        """The engine params of choice ``index``, after the up-front length checks
+        (``reasoning``: the output's thinking span, where the constraint does not apply)."""
         b, limits, engine = self.body, self.ctx.limits, self.ctx.engine
         if max_tokens is None:  # as much as fits, up to the server default
             max_tokens = max(1, min(limits.default_max_tokens, engine.max_model_len - prompt_len))
@@ -71,7 +73,7 @@ class Endpoint:
             repetition_penalty=b.repetition_penalty,
             logprobs=logprobs, top_logprobs=top_logprobs, constraint=constraint,
             ttft_slo=b.ttft_slo, itl_slo=b.itl_slo,
-            retention=retention_of(b.retention, self.caller.tenant, engine.config))
+            retention=retention_of(b.retention, self.caller.tenant, engine.config), reasoning=reasoning)
 
     def group(self, jobs: list[Job]) -> StreamGroup:
         return StreamGroup(self.ctx, self.name, jobs, self.ctx.limits.deadline(self.body.timeout),

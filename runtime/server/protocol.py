@@ -373,6 +373,10 @@ class ChatCompletionRequest(SamplingExtras):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     add_generation_prompt: bool = True  # extension
     parallel_tool_calls: bool = True  # false: at most one tool call per answer
+    # reasoning models (docs/reasoning-and-tool-formats.md): the most thinking tokens before
+    # the span is closed; keyword arguments of the chat template (vLLM's, e.g. enable_thinking)
+    reasoning_budget: int | None = Field(default=None, ge=0)
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class Usage(BaseModel):
@@ -424,6 +428,7 @@ class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
     tool_calls: list[ToolCallOut] | None = None
+    reasoning_content: str | None = None  # a reasoning model's thinking span (as vLLM, DeepSeek)
 
 
 class ChatChoice(BaseModel):
@@ -454,6 +459,7 @@ class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
+    reasoning_content: str | None = None
 
 
 class ChatChunkChoice(BaseModel):

@@ -14,4 +14,5 @@ MISTRAL = Family(
     hf_architectures=("MistralForCausalLM", "MinistralForCausalLM"),
     permuted_qk=True,  # GGUF: written as "llama" (families/llama.py)
     sliding_window=True,
+    tool_format="mistral",
 )

@@ -15,6 +15,7 @@ MIXTRAL = Family(
     hf_architectures=("MixtralForCausalLM",),
     permuted_qk=True,  # GGUF: written as "llama"
     sliding_window=True,
+    tool_format="mistral",
     mlp=EXPERTS.name,
     options=moe_options,
 )

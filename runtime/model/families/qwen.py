@@ -13,6 +13,7 @@ QWEN2 = Family(
     hf_architectures=("Qwen2ForCausalLM",),
     gguf_architectures=("qwen2",),
     qkv_bias=True,
+    tool_format="hermes",
 )
 
 QWEN3 = Family(
@@ -21,4 +22,6 @@ QWEN3 = Family(
     hf_architectures=("Qwen3ForCausalLM",),
     gguf_architectures=("qwen3",),
     qk_norm=True,
+    tool_format="hermes",
+    reasoning_format="think",
 )

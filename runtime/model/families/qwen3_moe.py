@@ -18,4 +18,6 @@ QWEN3_MOE = Family(
     mlp=EXPERTS.name,
     options=moe_options,
     gguf_metadata=gguf_moe_config,
+    tool_format="hermes",
+    reasoning_format="think",
 )

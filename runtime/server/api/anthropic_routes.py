@@ -28,11 +28,10 @@ from runtime.server import engine_constraints
 from runtime.server.api import anthropic_schema as schema
 from runtime.server.api.fields import check_fields
 from runtime.server.errors import raise_if_failed, stream_error_event
+from runtime.server.formats.tool_calls import model_tool_format
 from runtime.server.openai_chat import (
     calls_list_schema,
-    parse_tool_calls,
     render_chat,
-    tool_call_schema,
 )
 from runtime.server.protocol import (
     ChatMessageIn,
@@ -70,8 +69,10 @@ class MessagesCall:
         self.parallel = not choice.disable_parallel_tool_use and choice.type != "tool"
         turns = [m for message in body.messages for m in _turns(message)]
         system = [ChatMessageIn(role="system", content=_system(body.system))] if body.system else []
-        text = render_chat(ctx.engine, system + turns, self.tools, True, self.parallel)
-        self.prompt_ids = encode_prompt(ctx.engine, text)
+        self.format = model_tool_format(ctx.engine)  # the family's tool-call syntax
+        text = render_chat(ctx.engine, system + turns, self.tools, True, self.parallel, self.format)
+        self.prefix = self.format.forced_prefix if self.forced else ""  # written after the prompt
+        self.prompt_ids = encode_prompt(ctx.engine, text + self.prefix)
 
     def _forced(self, choice: schema.ToolChoice) -> list[ChatTool] | None:
         if not self.tools or choice.type == "auto":
@@ -92,7 +93,7 @@ class MessagesCall:
         if self.forced is not None:
             if fmt is not None:
                 raise InvalidRequestError("output_config.format cannot be combined with a forced tool call")
-            call = tool_call_schema(self.forced)
+            call = self.format.call_schema(self.forced)
             constraint = engine_constraints.json_schema(calls_list_schema(call) if self.parallel else call)
         elif fmt is not None:
             constraint = engine_constraints.json_schema(fmt.schema_, strict=True)
@@ -100,10 +101,13 @@ class MessagesCall:
                               top_k=b.top_k, stop=tuple(b.stop_sequences), constraint=constraint)
 
     def blocks(self, out: RequestOutput) -> list[schema.TextOut | schema.ToolUseOut]:
-        calls = parse_tool_calls(out.text, self.forced or self.tools, self.parallel) if self.tools else []
+        content, calls = (self.format.parse(self.prefix + out.text, self.forced or self.tools, self.parallel)
+                          if self.tools else (out.text, []))
         if calls:
-            return [schema.ToolUseOut(id=new_id("toolu"), name=c.function.name,
-                                      input=json.loads(c.function.arguments)) for c in calls]
+            uses: list[schema.TextOut | schema.ToolUseOut] = [
+                schema.ToolUseOut(id=new_id("toolu"), name=c.function.name, input=json.loads(c.function.arguments))
+                for c in calls]
+            return [schema.TextOut(text=content), *uses] if content else uses
         return [schema.TextOut(text=out.text)]
 
     def message(self, out: RequestOutput, blocks: list[schema.TextOut | schema.ToolUseOut]) -> schema.MessageOut:

@@ -1,8 +1,9 @@
 """``POST /v1/embeddings``: OpenAI's embeddings on the same engine, nothing generated.
 
-An embedding is the final-norm hidden state of the input's last token, L2-normalized
-(``Engine.embed``): decoder embedding models pool so, since only the last token has seen
-the whole input. Every input of a request runs in one prefill pass (or a few, of at most
+An embedding is the input's final-norm hidden states pooled as the model's files state
+(sentence-transformers' Pooling config), else the last token's (decoder embedding models
+pool so, since only the last token has seen the whole input), or as the request's
+``pooling`` asks; cut to ``dimensions`` and L2-normalized (``Engine.embed``). Every input of a request runs in one prefill pass (or a few, of at most
 ``max_model_len`` tokens each) on a KV pool of its own, between two engine steps.
 """
 
@@ -68,16 +69,16 @@ def build_router(ctx: ServerContext) -> APIRouter:
         headers = check_fields(body, ctx.limits.unknown_fields, schema.IGNORED)
         ctx.check_model(body.model)
         hidden = ctx.engine.model.args.hidden_size
-        if body.dimensions is not None and body.dimensions != hidden:
+        if body.dimensions is not None and not 1 <= body.dimensions <= hidden:
             raise InvalidRequestError(f"dimensions is {body.dimensions}; this model's embeddings have "
-                                      f"{hidden} (no truncation)")
+                                      f"{hidden}: give 1 to {hidden}")
         inputs = parse_input(ctx, body.input)
         for ids in inputs:
             check_budget(ctx.engine, ctx.limits, len(ids), 0)
         tokens = sum(map(len, inputs))
         admission = Admission(ctx, caller_of(request.headers, body.user))
         async with admission:
-            vectors = (await asyncio.to_thread(ctx.engine.embed, inputs)).tolist()
+            vectors = (await asyncio.to_thread(ctx.engine.embed, inputs, body.pooling, body.dimensions)).tolist()
             admission.charge(tokens)
         ctx.metrics.requests.labels("embeddings", "200").inc()
         answer = schema.EmbeddingResponse(

@@ -18,7 +18,10 @@ class EmbeddingRequest(WireModel):
     input: Any
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None  # refused unless the model's own (no Matryoshka truncation)
+    dimensions: int | None = None  # the first this many of each vector, renormalized (Matryoshka)
+    # extension: how hidden states are pooled ("last", "mean", "cls"); None: the model's
+    # own (its sentence-transformers Pooling config), else the last token's
+    pooling: Literal["last", "mean", "cls"] | None = None
     user: str | None = None  # the caller's name for the tenant's labels
 
 

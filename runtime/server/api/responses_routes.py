@@ -28,11 +28,10 @@ from runtime.server import engine_constraints
 from runtime.server.api import responses_schema as schema
 from runtime.server.api.fields import check_fields
 from runtime.server.errors import raise_if_failed, stream_error_event
+from runtime.server.formats.tool_calls import model_tool_format
 from runtime.server.openai_chat import (
     calls_list_schema,
-    parse_tool_calls,
     render_chat,
-    tool_call_schema,
 )
 from runtime.server.protocol import (
     ChatMessageIn,
@@ -95,8 +94,10 @@ class ResponsesCall:
         self.forced = self._forced(choice)
         self.parallel = body.parallel_tool_calls and not isinstance(choice, schema.FunctionChoice)
         system = [ChatMessageIn(role="system", content=body.instructions)] if body.instructions else []
-        text = render_chat(ctx.engine, system + self.turns, self.tools, True, self.parallel)
-        self.prompt_ids = encode_prompt(ctx.engine, text)
+        self.format = model_tool_format(ctx.engine)  # the family's tool-call syntax
+        text = render_chat(ctx.engine, system + self.turns, self.tools, True, self.parallel, self.format)
+        self.prefix = self.format.forced_prefix if self.forced else ""  # written after the prompt
+        self.prompt_ids = encode_prompt(ctx.engine, text + self.prefix)
         self.params = self._params()
 
     def _forced(self, choice: Any) -> list[ChatTool] | None:
@@ -123,7 +124,7 @@ class ResponsesCall:
         if self.forced is not None:
             if fmt.type != "text":
                 raise InvalidRequestError("text.format cannot be combined with a forced tool call")
-            call = tool_call_schema(self.forced)
+            call = self.format.call_schema(self.forced)
             return engine_constraints.json_schema(calls_list_schema(call) if self.parallel else call,
                                                   strict=any(t.function.strict for t in self.forced))
         if fmt.type == "json_object":
@@ -137,7 +138,8 @@ class ResponsesCall:
     # ---- answers ------------------------------------------------------------------------------
 
     def output_items(self, out: RequestOutput) -> list[schema.MessageItem | schema.FunctionCallOut]:
-        calls = parse_tool_calls(out.text, self.forced or self.tools, self.parallel) if self.tools else []
+        calls = self.format.parse(self.prefix + out.text, self.forced or self.tools, self.parallel)[1] \
+            if self.tools else []
         if calls:
             return [schema.FunctionCallOut(id=new_id("fc"), call_id=c.id, name=c.function.name,
                                            arguments=c.function.arguments) for c in calls]

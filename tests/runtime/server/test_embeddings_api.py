@@ -74,13 +74,24 @@ def test_a_batch_equals_its_items_one_by_one(http: Any) -> None:
     {"input": [10**9]},
     {"input": [5] * 600},  # past max_model_len (512)
     {"input": ["x"] * (MAX_INPUTS + 1)},
-    {"input": "x", "dimensions": 3},
+    {"input": "x", "dimensions": 0},
+    {"input": "x", "dimensions": 65},
     {"input": "x", "stream": True},
 ])
 def test_bad_input_is_a_400(http: Any, body: dict[str, Any]) -> None:
     r = http.post("/v1/embeddings", json=body)
     assert r.status_code == 400, (body, r.status_code, r.text)
     assert r.json()["error"]["message"]
+
+
+def test_dimensions_cut_and_renormalize_and_pooling_is_asked_for(http: Any, engine: Any) -> None:
+    ids = ids_of(engine, "hello world")
+    r = http.post("/v1/embeddings", json={"input": ids, "dimensions": 8, "pooling": "mean"})
+    assert r.status_code == 200, r.text
+    got = r.json()["data"][0]["embedding"]
+    assert got == pytest.approx(engine.embed([ids], "mean", 8)[0].tolist(), abs=1e-6)
+    assert len(got) == 8 and sum(x * x for x in got) == pytest.approx(1.0, abs=1e-5)
+    assert http.post("/v1/embeddings", json={"input": ids, "pooling": "max"}).status_code == 422
 
 
 def test_a_wrong_encoding_format_is_a_validation_error(http: Any) -> None:
