@@ -193,14 +193,17 @@ def extend_attention(
     v_scale: torch.Tensor | None = None,
     window: int | None = None,  # attend to the last ``window`` positions only
     softcap: float | None = None,  # scores -> softcap * tanh(scores / softcap)
+    invariant: bool = True,  # CPU: rows through the row-invariant C kernel (see below)
 ) -> torch.Tensor:  # [T, Hq, D]
     """See ``kernels.reference.attention.extend_attention`` (``plan`` and ``window`` as in
     decode, from ``plan_extend``).
 
-    On the CPU with the native kernels, the C kernel (``kernels/cpu/extend_attention.c``):
-    it reads every page in place (``plan`` is not needed), and a row's bits do not depend
-    on the call's other rows or keys (docs/invariance.md). Triton on CUDA without a window
-    or soft-cap; the reference otherwise."""
+    On the CPU with the native kernels, the C kernel (``kernels/cpu/extend_attention.c``)
+    when ``invariant`` or for a windowed or soft-capped layer: it reads every page in place
+    (``plan`` is not needed), and a row's bits do not depend on the call's other rows or
+    keys (docs/invariance.md); torch's SDPA (the reference) is faster on long prompts but
+    sums a row by the call's key count. Triton on CUDA without a window or soft-cap; the
+    reference otherwise."""
     if _use_triton(q) and window is None and softcap is None:
         from kernels.triton.extend_attention import extend_attention as triton_impl
 
@@ -209,7 +212,8 @@ def extend_attention(
             k_scale=k_scale, v_scale=v_scale,
         )
     native = _native(q)
-    if native is not None and native.extend_attention.supports(q, k_buffer):
+    if (native is not None and (invariant or window is not None or softcap is not None)
+            and native.extend_attention.supports(q, k_buffer)):
         out, _ = native.extend_attention(q, k_buffer, v_buffer, page_table, prefix_lens, extend_lens, qo_indptr,
                                          page_size, scale, k_scale, v_scale, window, softcap)
         return out

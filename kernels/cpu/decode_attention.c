@@ -104,12 +104,15 @@ static inline void finish_scores(float *scores, const int64_t *slots, const floa
  * scores become the keys' weights (0 before j_lo). */
 static inline float softmax_block(float *scores, int64_t j_lo, int64_t n, float *run_max, float *run_sum) {
     float block_max = -INFINITY, block_sum = 0.0f;
+    /* NOTE: a max is exact in any order, so this one may be vectorized freely */
+#pragma omp simd reduction(max : block_max)
     for (int64_t j = 0; j < n; j++) block_max = scores[j] > block_max ? scores[j] : block_max;
     const float new_max = block_max > *run_max ? block_max : *run_max;
     const float keep = *run_max == -INFINITY ? 0.0f : exp_nonpos(*run_max - new_max);
 #pragma omp simd reduction(+ : block_sum)
     for (int64_t j = 0; j < n; j++) {
-        scores[j] = j < j_lo ? 0.0f : exp_nonpos(scores[j] - new_max);
+        const float w = exp_nonpos(scores[j] - new_max); /* NOTE: then a select, so the loop vectorizes */
+        scores[j] = j < j_lo ? 0.0f : w;
         block_sum += scores[j];
     }
     *run_sum = *run_sum * keep + block_sum;

@@ -124,3 +124,21 @@ def test_dispatch_takes_the_kernel_on_the_cpu(cpu_kernels: CpuKernels, monkeypat
                                    batch.extend_lens, batch.qo_indptr, 16, 0.125, plan, window=window,
                                    softcap=softcap)
     assert torch.equal(got, _run(cpu_kernels.extend_attention, q, batch, 0.125, window=window, softcap=softcap))
+
+
+def test_not_invariant_takes_torch_except_for_windows_and_caps(cpu_kernels: CpuKernels,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """``invariant=False`` (``--no-invariant-attention``): plain layers take torch's SDPA
+    (the reference's bits), windowed or soft-capped ones still the C kernel."""
+    from kernels import reference
+
+    monkeypatch.setattr(dispatch, "_cpu", cpu_kernels)
+    batch = make_paged_batch(PREFIXES, EXTENDS, 3, 64, 16, torch.float32)
+    q = random_q(sum(EXTENDS), 9, 64, torch.float32)
+    args = (q, batch.k_buffer, batch.v_buffer, batch.page_table, batch.prefix_lens, batch.extend_lens,
+            batch.qo_indptr, 16, 0.125)
+    plain = kernels.extend_attention(*args, invariant=False)
+    assert torch.equal(plain, reference.extend_attention(*args))
+    assert not torch.equal(plain, _run(cpu_kernels.extend_attention, q, batch, 0.125))
+    capped = kernels.extend_attention(*args, softcap=4.0, invariant=False)
+    assert torch.equal(capped, _run(cpu_kernels.extend_attention, q, batch, 0.125, softcap=4.0))
