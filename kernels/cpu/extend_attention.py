@@ -16,7 +16,13 @@ from typing import Any
 import torch
 
 from kernels.cpu.build import build_library
-from kernels.cpu.decode_attention import KV_KINDS, MAX_DIM, MAX_HEADS, scale_pointers, window_and_softcap
+from kernels.cpu.decode_attention import (
+    KV_KINDS,
+    MAX_DIM,
+    MAX_HEADS,
+    scale_pointers,
+    window_and_softcap,
+)
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _ARGTYPES: list[Any] = [_P, _P, _P, _P, _P, ctypes.c_int, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I,
