@@ -154,15 +154,14 @@ def decode_attention(
     ``plan`` (``plan_decode``, built once per forward pass, with any shared prefixes) only
     changes the cost on the CPU; the Triton kernel reads every page in place and needs
     none. The native CPU kernel reads the pages the plan leaves to each row in place and
-    merges the plan's shared prefixes as the reference does; it takes windows and
-    soft-caps. A ``window`` or a ``softcap`` runs the reference on CUDA (the Triton kernel
-    has neither).
+    merges the plan's shared prefixes as the reference does. Both kernels take windows
+    and soft-caps.
     """
-    if _use_triton(q) and window is None and softcap is None:
+    if _use_triton(q):
         from kernels.triton.decode_attention import decode_attention as triton_impl
 
         return triton_impl(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale,
-                           k_scale=k_scale, v_scale=v_scale)
+                           k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap)
     native = _native(q)
     if native is not None and native.decode_attention.supports(q, k_buffer):
         if q.shape[0] == 0:
@@ -202,14 +201,14 @@ def extend_attention(
     when ``invariant`` or for a windowed or soft-capped layer: it reads every page in place
     (``plan`` is not needed), and a row's bits do not depend on the call's other rows or
     keys (docs/invariance.md); torch's SDPA (the reference) is faster on long prompts but
-    sums a row by the call's key count. Triton on CUDA without a window or soft-cap; the
+    sums a row by the call's key count. Triton on CUDA (windows and soft-caps too); the
     reference otherwise."""
-    if _use_triton(q) and window is None and softcap is None:
+    if _use_triton(q):
         from kernels.triton.extend_attention import extend_attention as triton_impl
 
         return triton_impl(
             q, k_buffer, v_buffer, page_table, prefix_lens, extend_lens, qo_indptr, page_size, scale,
-            k_scale=k_scale, v_scale=v_scale,
+            k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap,
         )
     native = _native(q)
     if (native is not None and (invariant or window is not None or softcap is not None)

@@ -39,8 +39,8 @@ class AttentionMetadata:
     extend_plan: AttentionPlan | None = None
     decode_plan: AttentionPlan | None = None
     # The same for each sliding window W the model's layers use: W -> (extend, decode)
-    # plans that also hide keys W or more positions behind the query (built on every
-    # backend: windowed layers run the torch path).
+    # plans that also hide keys W or more positions behind the query (the torch path's;
+    # the native CPU decode kernel reads their page tables).
     window_plans: dict[int, tuple[AttentionPlan | None, AttentionPlan | None]] = field(default_factory=dict)
     # Prefill rows through the row-invariant kernel where there is one (``kernels.extend_attention``)
     invariant: bool = True
