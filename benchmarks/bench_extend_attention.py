@@ -14,7 +14,12 @@ engine builds it once per forward pass for every layer.
 For every case, in this one process: outputs compared first (a mismatch stops the run),
 then the median time of one call of both paths, interleaved, and the ratio.
 
+``--engine``: end to end instead, the default model's time to first token for one prompt
+alone (prefix cache off, one new token) with ``invariant_attention`` on (the C kernel)
+and off (torch's SDPA), two engines in this process, runs interleaved.
+
     .venv/bin/python benchmarks/bench_extend_attention.py [--repeats 20] [--threads 2]
+    .venv/bin/python benchmarks/bench_extend_attention.py --engine [--lens 512 4096] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -68,8 +73,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", nargs="*", default=None, help="case names to run (default: all)")
+    ap.add_argument("--engine", action="store_true", help="end to end: time to first token, on vs off")
+    ap.add_argument("--lens", type=int, nargs="+", default=[512, 4096])
     args = ap.parse_args()
     print(reproduce_line())
+    if args.engine:
+        return engine_main(args)
     torch.set_num_threads(args.threads)
     kernel = CpuKernels.build(Path(tempfile.gettempdir()) / "arbor-bench-kernels").extend_attention
     gen = torch.Generator().manual_seed(0)
@@ -107,6 +116,37 @@ def main() -> None:
                         "torch: one gather + torch's fused CPU SDPA kernel (causal kernel without a prefix, "
                         "masked with one; windowed / capped: the masked matmul reference), plan built beforehand"],
             "rows": rows})
+
+
+def engine_main(args: argparse.Namespace) -> None:
+    from runtime import Engine, SamplingParams
+
+    engines = {on: Engine(model="default", invariant_attention=on, disable_prefix_cache=True,
+                          num_threads=args.threads, max_model_len=max(args.lens) + 8, seed=0) for on in (True, False)}
+    params = SamplingParams(max_new_tokens=1, temperature=0.0, ignore_eos=True, speculation=False)
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for length in args.lens:
+        ids = torch.randint(1000, 40000, (length,), generator=gen).tolist()
+        times: dict[bool, list[float]] = {True: [], False: []}
+        for on in (True, False):  # warm-up
+            engines[on].generate(input_ids=[ids], sampling_params=params)
+        for _ in range(args.repeats):
+            for on in (True, False):
+                times[on].append(timed(engines[on].generate, input_ids=[ids], sampling_params=params)[0])
+        t_on, t_off = median(times[True]), median(times[False])
+        rows.append({"prompt_tokens": length, "invariant_c_kernel_s": round(t_on, 3), "torch_sdpa_s": round(t_off, 3),
+                     "c_over_torch": round(t_on / t_off, 2)})
+        print(f"prompt {length:6d}: invariant (C) {t_on:7.3f} s   torch SDPA {t_off:7.3f} s   "
+              f"ratio {t_on / t_off:5.2f}", flush=True)
+    for engine in engines.values():
+        engine.close()
+    print(f"load average: {load_average()}")
+    save_result("extend_attention_engine", {
+        "title": "Time to first token, default model: invariant prefill attention (C kernel) vs torch SDPA",
+        "summary": [f"one prompt alone, prefix cache off, one new token, {args.threads} threads; median of "
+                    f"{args.repeats} interleaved runs; --invariant-attention vs --no-invariant-attention"],
+        "rows": rows})
 
 
 if __name__ == "__main__":
