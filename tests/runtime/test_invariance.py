@@ -53,7 +53,7 @@ JOBS = PROMPTS + PROMPTS  # one per params() entry
 def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
     weights, kv = request.param
     eng = Engine(model="default", weights=weights, kv_cache_dtype=kv, page_size=16, num_pages=512,
-                 num_threads=1, chunked_prefill_size=CHUNK, seed=0)
+                 num_threads=1, chunked_prefill_size=CHUNK, seed=0, invariant_attention=True)
     yield eng
     eng.close()
 
