@@ -154,30 +154,27 @@ def decode_attention(
     ``plan`` (``plan_decode``, built once per forward pass, with any shared prefixes) only
     changes the cost on the CPU; the Triton kernel reads every page in place and needs
     none. The native CPU kernel reads the pages the plan leaves to each row in place and
-    merges the plan's shared prefixes as the reference does. A ``window`` or a ``softcap``
-    runs the reference on every device (the native and Triton kernels have neither).
+    merges the plan's shared prefixes as the reference does. Both kernels take windows
+    and soft-caps.
     """
-    if window is not None or softcap is not None:
-        return reference.decode_attention(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale,
-                                          plan=plan, k_scale=k_scale, v_scale=v_scale, window=window,
-                                          softcap=softcap)
     if _use_triton(q):
         from kernels.triton.decode_attention import decode_attention as triton_impl
 
         return triton_impl(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale,
-                           k_scale=k_scale, v_scale=v_scale)
+                           k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap)
     native = _native(q)
     if native is not None and native.decode_attention.supports(q, k_buffer):
         if q.shape[0] == 0:
             return torch.empty_like(q)
-        plan = plan or reference.plan_decode(page_table, seq_lens, page_size)
+        plan = plan or reference.plan_decode(page_table, seq_lens, page_size, window=window)
         assert plan.page_table is not None and plan.seq_lens is not None, "not a decode plan"
         out, lse = native.decode_attention(q, k_buffer, v_buffer, plan.page_table, plan.seq_lens,
-                                           page_size, scale, k_scale, v_scale)
-        reference.merge_shared_prefixes(out, lse, q, plan, k_buffer, v_buffer, scale, k_scale, v_scale)
+                                           page_size, scale, k_scale, v_scale, window, softcap)
+        reference.merge_shared_prefixes(out, lse, q, plan, k_buffer, v_buffer, scale, k_scale, v_scale, softcap)
         return out
     return reference.decode_attention(q, k_buffer, v_buffer, page_table, seq_lens, page_size, scale,
-                                      plan=plan, k_scale=k_scale, v_scale=v_scale)
+                                      plan=plan, k_scale=k_scale, v_scale=v_scale, window=window,
+                                      softcap=softcap)
 
 
 def extend_attention(
@@ -195,16 +192,30 @@ def extend_attention(
     v_scale: torch.Tensor | None = None,
     window: int | None = None,  # attend to the last ``window`` positions only
     softcap: float | None = None,  # scores -> softcap * tanh(scores / softcap)
+    invariant: bool = True,  # CPU: rows through the row-invariant C kernel (see below)
 ) -> torch.Tensor:  # [T, Hq, D]
     """See ``kernels.reference.attention.extend_attention`` (``plan`` and ``window`` as in
-    decode, from ``plan_extend``)."""
-    if _use_triton(q) and window is None and softcap is None:
+    decode, from ``plan_extend``).
+
+    On the CPU with the native kernels, the C kernel (``kernels/cpu/extend_attention.c``)
+    when ``invariant`` or for a windowed or soft-capped layer: it reads every page in place
+    (``plan`` is not needed), and a row's bits do not depend on the call's other rows or
+    keys (docs/invariance.md); torch's SDPA (the reference) is faster on long prompts but
+    sums a row by the call's key count. Triton on CUDA (windows and soft-caps too); the
+    reference otherwise."""
+    if _use_triton(q):
         from kernels.triton.extend_attention import extend_attention as triton_impl
 
         return triton_impl(
             q, k_buffer, v_buffer, page_table, prefix_lens, extend_lens, qo_indptr, page_size, scale,
-            k_scale=k_scale, v_scale=v_scale,
+            k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap,
         )
+    native = _native(q)
+    if (native is not None and (invariant or window is not None or softcap is not None)
+            and native.extend_attention.supports(q, k_buffer)):
+        out, _ = native.extend_attention(q, k_buffer, v_buffer, page_table, prefix_lens, extend_lens, qo_indptr,
+                                         page_size, scale, k_scale, v_scale, window, softcap)
+        return out
     return reference.extend_attention(
         q, k_buffer, v_buffer, page_table, prefix_lens, extend_lens, qo_indptr, page_size, scale,
         plan=plan, k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap,

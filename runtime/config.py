@@ -138,6 +138,10 @@ class EngineConfig:
     fused_decode: bool = setting(
         True, "CPU, block-quantized weights: a step that only decodes runs as one native call "
         "(kernels/cpu/decode_step.c) instead of layer by layer (no-: the reference path)")
+    invariant_attention: bool = setting(
+        True, "CPU: prefill attention through the native kernel whose rows do not depend on the "
+        "batch, the prefill chunk or the cached prefix (docs/invariance.md); no-: torch's SDPA, "
+        "faster on long prompts (windowed or soft-capped layers always take the native kernel)")
     num_threads: int | None = setting(None, "torch CPU threads (default: torch's)")
     # NOTE: a full collection otherwise scans every live object (transformers' among them),
     # a stall of a whole step at random; process-wide, as vLLM's engine core does.

@@ -102,7 +102,8 @@ class Engine:
                                    cfg.max_running_requests, cfg.max_prefill_tokens,
                                    cfg.decode_reserve_tokens, cfg.chunked_prefill_size,
                                    prefill_budget(cfg, self.cost_model), window=args.kv_window)
-        self.runner = ModelRunner(self.model, self.kv, self.device, fused_decode(cfg, self.model, self.kv, self.device))
+        self.runner = ModelRunner(self.model, self.kv, self.device, fused_decode(cfg, self.model, self.kv, self.device),
+                                  cfg.invariant_attention)
         self._scorer = Scorer(self.model, loaded.kv_dtype, cfg.page_size, self.device)
         if self._tp is not None:
             self._tp.send({"num_pages": num_pages})  # each rank's KV pool: the same page ids

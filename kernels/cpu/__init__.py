@@ -5,6 +5,8 @@ keeps the torch reference as its specification and its fallback:
 
 - paged decode attention (``decode_attention.c``): the torch path gathers every request's
   K/V into a padded copy for SDPA; the kernel reads the pages in place;
+- paged prefill attention (``extend_attention.c``): each new token's row computed as a
+  decode of it would be, so its bits do not depend on the call's other rows or keys;
 - quantizing store of new K/V into an int8 / fp8 pool (``store_kv.c``): one pass per row
   instead of ~10 tensor ops;
 - the small ops of a block (``elementwise.c``): residual add + RMSNorm, SiLU-and-mul,
@@ -31,6 +33,7 @@ from kernels.cpu.build import NativeBuildError
 from kernels.cpu.decode_attention import CpuDecodeAttention
 from kernels.cpu.decode_step import CpuDecodeStep
 from kernels.cpu.elementwise import CpuElementwise
+from kernels.cpu.extend_attention import CpuExtendAttention
 from kernels.cpu.gguf_repack import CpuGGUFRepack
 from kernels.cpu.moe_experts import CpuMoeExperts
 from kernels.cpu.quant_linear import CpuQuantLinear
@@ -48,14 +51,16 @@ class CpuKernels:
     decode_step: CpuDecodeStep
     moe_experts: CpuMoeExperts
     gguf_repack: CpuGGUFRepack
+    extend_attention: CpuExtendAttention
 
     @classmethod
     def build(cls, cache_dir: Path) -> CpuKernels:
         """Compile (or load from ``cache_dir``) every kernel; raises ``NativeBuildError``."""
         return cls(CpuDecodeAttention(cache_dir), CpuElementwise(cache_dir), CpuStoreKV(cache_dir),
                    CpuQuantLinear(cache_dir), CpuDecodeStep(cache_dir), CpuMoeExperts(cache_dir),
-                   CpuGGUFRepack(cache_dir))
+                   CpuGGUFRepack(cache_dir), CpuExtendAttention(cache_dir))
 
 
-__all__ = ["CpuDecodeAttention", "CpuDecodeStep", "CpuElementwise", "CpuGGUFRepack", "CpuKernels", "CpuMoeExperts", "CpuQuantLinear",
+__all__ = ["CpuDecodeAttention", "CpuDecodeStep", "CpuElementwise", "CpuExtendAttention", "CpuGGUFRepack",
+           "CpuKernels", "CpuMoeExperts", "CpuQuantLinear",
            "CpuStoreKV", "NativeBuildError"]

@@ -60,29 +60,55 @@ ARBOR_SHARED void arbor_qmatmul_range(const ArborQWeight *w, const ArborQAct *a,
 /* ---- decode_attention.c: paged decode attention ------------------------------------------ */
 
 /* Query heads [h0, h1) of one request over its positions [p0, p1): out[h] (normalized
- * over those positions) and lse[h] (log-sum-exp of the scaled scores there; -inf and a
- * zero out for an empty range). q, out: [Hq, D]; lse: [Hq]; pages: the request's page
- * table. Returns 0, 1 for a page id outside the pool, 2 for arguments the kernel refuses. */
+ * over those positions) and lse[h] (log-sum-exp of the scaled, soft-capped scores there;
+ * -inf and a zero out for an empty range). q, out: [Hq, D]; lse: [Hq]; pages: the
+ * request's page table; softcap 0: none. Returns 0, 1 for a page id outside the pool, 2
+ * for arguments the kernel refuses. */
 ARBOR_SHARED int arbor_attend_range(const float *q, const void *k, const void *v, const float *k_scale,
                        const float *v_scale, int kv_kind, const int32_t *pages, int64_t p0,
                        int64_t p1, int64_t num_pages, int64_t page_size, int64_t h0, int64_t h1,
-                       int64_t hq, int64_t hkv, int64_t dim, float scale, float *out, float *lse);
+                       int64_t hq, int64_t hkv, int64_t dim, float scale, float softcap, float *out,
+                       float *lse);
 
-/* A request's decode attention is the merge, in order, of partials over positions
- * [0, 256), [256, 512), ...: how many partials a request of len tokens has. */
+/* A request's attention is the merge, in order, of partials over positions [0, 256),
+ * [256, 512), ... (each cut to the query's window): how many partials a query at position
+ * len - 1 has. */
 ARBOR_SHARED int64_t arbor_attn_chunks(int64_t len);
 /* Positions [c * 256, min((c + 1) * 256, len)) of partial c. */
 #define ARBOR_ATTN_CHUNK 256
+/* Positions per block of the online softmax (blocks start at multiples of it). */
+#define ARBOR_ATTN_BLOCK 32
+/* The first position a query at position len - 1 sees (window 0: none, so 0). */
+ARBOR_SHARED int64_t arbor_first_visible(int64_t len, int64_t window);
 /* Merge partial (part, part_lse) into (out, lse) for heads [h0, h1); all [Hq, D] / [Hq]. */
 ARBOR_SHARED void arbor_merge_partial(float *out, float *lse, const float *part, const float *part_lse,
                                       int64_t h0, int64_t h1, int64_t dim);
-/* Heads [h0, h1) of one request over all len positions, partial by partial (chunk 0 into
- * out / lse, each later one into tmp [Hq * D + Hq] and merged). Returns as arbor_attend_range. */
+/* Heads [h0, h1) of one request over its last min(len, window) positions (window 0: all
+ * len), partial by partial (chunk 0 into out / lse, each later one into tmp [Hq * D + Hq]
+ * and merged). Returns as arbor_attend_range. */
 ARBOR_SHARED int arbor_attend_chunked(const float *q, const void *k, const void *v, const float *k_scale,
                                       const float *v_scale, int kv_kind, const int32_t *pages,
-                                      int64_t len, int64_t num_pages, int64_t page_size, int64_t h0,
-                                      int64_t h1, int64_t hq, int64_t hkv, int64_t dim, float scale,
-                                      float *out, float *lse, float *tmp);
+                                      int64_t len, int64_t window, int64_t num_pages, int64_t page_size,
+                                      int64_t h0, int64_t h1, int64_t hq, int64_t hkv, int64_t dim,
+                                      float scale, float softcap, float *out, float *lse, float *tmp);
+
+/* The block step: one head of one query over the keys of one BLOCK-position block, an
+ * online-softmax update of (acc [D], run_max, run_sum). slots: the block's pool slots (a
+ * multiple of 8 of them readable); keys [j_lo, n) are visible. One function per pool kind
+ * and head_dim, so every caller computes a query's block with the same instructions. */
+typedef void (*ArborBlockFn)(const float *q, const void *k, const void *v, const float *k_scale,
+                             const float *v_scale, int kv_kind, const int64_t *slots, int64_t j_lo,
+                             int64_t n, int64_t kvh, int64_t hkv, int64_t dim, float scale, float softcap,
+                             float *acc, float *run_max, float *run_sum);
+/* The block step for a pool kind and head_dim (NULL: refused). */
+ARBOR_SHARED ArborBlockFn arbor_block_fn(int kv_kind, int64_t dim);
+/* Slots [j_lo, n) of the block at position `start` from the page table; the others (up to
+ * a multiple of 8) repeat slot j_lo. Returns n, or -1 for a page id outside the pool. */
+ARBOR_SHARED int64_t arbor_block_slots(const int32_t *pages, int64_t start, int64_t j_lo, int64_t n,
+                                       int64_t num_pages, int64_t page_size, int64_t *slots);
+/* out = acc / run_sum, lse = run_max + log(run_sum) (zeros and -inf when run_sum is 0). */
+ARBOR_SHARED void arbor_finish_head(const float *acc, float run_max, float run_sum, int64_t dim, float *out,
+                                    float *lse);
 
 /* ---- store_kv.c: one (token, head) row into an 8-bit pool (kind 1 int8, 2 fp8) ----------- */
 ARBOR_SHARED void arbor_store_kv_row(const float *x, int64_t dim, int kind, void *codes, float *scale);

@@ -17,6 +17,17 @@
  * and a value's scale its softmax weight once, so the per-element work is one convert.
  * fp8 codes are decoded through a 256-entry table (no CPU has fp8 arithmetic).
  *
+ * Sliding windows and soft-capping (Mistral, Gemma 2/3): with window W > 0 a query at
+ * position len - 1 sees positions len - W .. len - 1 only; with softcap c > 0 each scaled
+ * score s becomes c * tanh(s / c) before the softmax.
+ *
+ * Row invariance: a query's result depends on its own key range only. Blocks lie on
+ * multiples of BLOCK positions and partials on multiples of ARBOR_ATTN_CHUNK whatever the
+ * range (keys before a window's start in its first block are hidden by a select), and
+ * one block of one head is one call of the shared block step (arbor_block_fn), which the
+ * prefill kernel (extend_attention.c) calls too: a prompt token's attention there has the
+ * bits of a decode of that token here.
+ *
  * Returns 0; 1 when a length or page id is out of range (nothing is read outside the
  * pool; the outputs are then unspecified); 2 for a head_dim or Hq over 256, Hq % Hkv != 0, or
  * an unknown kv_kind; 3 when a thread's scratch for one partial could not be allocated.
@@ -33,7 +44,7 @@
 #include <immintrin.h>
 #endif
 
-#define BLOCK 32      /* tokens scored between softmax updates */
+#define BLOCK ARBOR_ATTN_BLOCK /* positions scored between softmax updates */
 #define MAX_DIM 256   /* head_dim */
 #define MAX_HEADS 256 /* query heads (per-head state lives on the thread's stack) */
 /* Positions per partial result: a request's output is the exact merge, in order, of its
@@ -66,8 +77,8 @@ static inline float elem(const void *row, int kind, int64_t i) {
 
 static inline int64_t elem_size(int kind) { return kind == KV_F32 ? 4 : 1; }
 
-static void finish_head(const float *acc, float run_max, float run_sum, int64_t dim, float *out,
-                        float *lse) {
+ARBOR_SHARED void arbor_finish_head(const float *acc, float run_max, float run_sum, int64_t dim, float *out,
+                                    float *lse) {
     if (run_sum > 0.0f) {
         const float inv = 1.0f / run_sum;
         for (int64_t d = 0; d < dim; d++) out[d] = acc[d] * inv;
@@ -78,50 +89,59 @@ static void finish_head(const float *acc, float run_max, float run_sum, int64_t 
     }
 }
 
-/* Scalar version for any head_dim and any pool kind (the fallback; the vector copies below
- * cover 64 and 128). ks / vs: the row scales (NULL for an fp32 pool). */
-static int attend_any(const float *q, const void *k, const void *v, const float *ks, const float *vs,
-                      int kind, const int32_t *pages, int64_t p0, int64_t len, int64_t num_pages,
-                      int64_t page_size, int64_t h0, int64_t h1, int64_t hq, int64_t hkv,
-                      int64_t dim, float scale, float *out, float *lse) {
-    float scores[BLOCK], acc[MAX_DIM];
-    const int64_t group = hq / hkv, row = hkv * dim, esize = elem_size(kind);
-    for (int64_t h = h0; h < h1; h++) {
-        const int64_t kvh = h / group, off = kvh * dim;
-        const float *qh = q + h * dim;
-        float run_max = -INFINITY, run_sum = 0.0f;
-        memset(acc, 0, sizeof(float) * dim);
-        for (int64_t start = p0; start < len; start += BLOCK) {
-            const int64_t n = len - start < BLOCK ? len - start : BLOCK;
-            float block_max = -INFINITY, block_sum = 0.0f;
-            for (int64_t j = 0; j < n; j++) {
-                const int64_t pos = start + j, page = pages[pos / page_size];
-                if (page < 0 || page >= num_pages) return 1;
-                const int64_t slot = page * page_size + pos % page_size;
-                const char *kr = (const char *)k + (slot * row + off) * esize;
-                float dot = 0.0f;
-                for (int64_t d = 0; d < dim; d++) dot += qh[d] * elem(kr, kind, d);
-                scores[j] = dot * scale * (ks ? ks[slot * hkv + kvh] : 1.0f);
-                block_max = scores[j] > block_max ? scores[j] : block_max;
-            }
-            const float new_max = block_max > run_max ? block_max : run_max;
-            const float keep = run_max == -INFINITY ? 0.0f : exp_nonpos(run_max - new_max);
-            for (int64_t d = 0; d < dim; d++) acc[d] *= keep;
-            for (int64_t j = 0; j < n; j++) {
-                const int64_t pos = start + j, page = pages[pos / page_size];
-                const int64_t slot = page * page_size + pos % page_size;
-                const char *vr = (const char *)v + (slot * row + off) * esize;
-                const float w = exp_nonpos(scores[j] - new_max);
-                const float wv = w * (vs ? vs[slot * hkv + kvh] : 1.0f);
-                block_sum += w;
-                for (int64_t d = 0; d < dim; d++) acc[d] += wv * elem(vr, kind, d);
-            }
-            run_sum = run_sum * keep + block_sum;
-            run_max = new_max;
-        }
-        finish_head(acc, run_max, run_sum, dim, out + h * dim, lse + h);
+/* The scores of a block after the dot products: an 8-bit pool's key scales, the soft-cap,
+ * then the keys before j_lo hidden (a select, so garbage there never reaches a sum). */
+static inline void finish_scores(float *scores, const int64_t *slots, const float *ks, int64_t kvh, int64_t hkv,
+                                 float cap, int64_t j_lo, int64_t n) {
+    if (ks != NULL)
+        for (int64_t j = 0; j < n; j++) scores[j] *= ks[slots[j] * hkv + kvh];
+    if (cap > 0.0f)
+        for (int64_t j = 0; j < n; j++) scores[j] = cap * tanh_fast(scores[j] / cap);
+    for (int64_t j = 0; j < j_lo; j++) scores[j] = -INFINITY;
+}
+
+/* The online-softmax update of one block: returns the factor the accumulator is scaled by;
+ * scores become the keys' weights (0 before j_lo). */
+static inline float softmax_block(float *scores, int64_t j_lo, int64_t n, float *run_max, float *run_sum) {
+    float block_max = -INFINITY, block_sum = 0.0f;
+    /* NOTE: a max is exact in any order, so this one may be vectorized freely */
+#pragma omp simd reduction(max : block_max)
+    for (int64_t j = 0; j < n; j++) block_max = scores[j] > block_max ? scores[j] : block_max;
+    const float new_max = block_max > *run_max ? block_max : *run_max;
+    const float keep = *run_max == -INFINITY ? 0.0f : exp_nonpos(*run_max - new_max);
+#pragma omp simd reduction(+ : block_sum)
+    for (int64_t j = 0; j < n; j++) {
+        const float w = exp_nonpos(scores[j] - new_max); /* NOTE: then a select, so the loop vectorizes */
+        scores[j] = j < j_lo ? 0.0f : w;
+        block_sum += scores[j];
     }
-    return 0;
+    *run_sum = *run_sum * keep + block_sum;
+    *run_max = new_max;
+    return keep;
+}
+
+/* Scalar block step for any head_dim and any pool kind (the fallback; the vector copies
+ * below cover head_dim 8 * NC). */
+static ARBOR_SHARED void block_any(const float *qh, const void *k, const void *v, const float *ks, const float *vs,
+                                   int kind, const int64_t *slots, int64_t j_lo, int64_t n, int64_t kvh,
+                                   int64_t hkv, int64_t dim, float scale, float cap, float *acc, float *run_max,
+                                   float *run_sum) {
+    float scores[BLOCK];
+    const int64_t row = hkv * dim, off = kvh * dim, esize = elem_size(kind);
+    for (int64_t j = 0; j < n; j++) {
+        const char *kr = (const char *)k + (slots[j] * row + off) * esize;
+        float dot = 0.0f;
+        for (int64_t d = 0; d < dim; d++) dot += qh[d] * elem(kr, kind, d);
+        scores[j] = dot * scale;
+    }
+    finish_scores(scores, slots, ks, kvh, hkv, cap, j_lo, n);
+    const float keep = softmax_block(scores, j_lo, n, run_max, run_sum);
+    for (int64_t d = 0; d < dim; d++) acc[d] *= keep;
+    for (int64_t j = j_lo; j < n; j++) {
+        const char *vr = (const char *)v + (slots[j] * row + off) * esize;
+        const float wv = scores[j] * (vs ? vs[slots[j] * hkv + kvh] : 1.0f);
+        for (int64_t d = 0; d < dim; d++) acc[d] += wv * elem(vr, kind, d);
+    }
 }
 
 /* Vector copies for head_dim 8 * NC: the scores of 8 keys are reduced together (one
@@ -190,122 +210,110 @@ static inline v8 sum8(v8 a0, v8 a1, v8 a2, v8 a3, v8 a4, v8 a5, v8 a6, v8 a7) {
 #undef QUADS
 }
 
-/* The pool slots of the block at ``start``. Entries past the end of the block (up to a
- * multiple of 8) repeat the first, so 8-key groups never read garbage. Returns the block's
- * token count, or -1 for a page id outside the pool. */
-static int64_t block_slots(const int32_t *pages, int64_t start, int64_t len, int64_t num_pages,
-                           int64_t page_size, int64_t *slots) {
-    const int64_t n = len - start < BLOCK ? len - start : BLOCK;
-    for (int64_t j = 0; j < n; j++) {
+ARBOR_SHARED int64_t arbor_block_slots(const int32_t *pages, int64_t start, int64_t j_lo, int64_t n,
+                                       int64_t num_pages, int64_t page_size, int64_t *slots) {
+    for (int64_t j = j_lo; j < n; j++) {
         const int64_t pos = start + j, page = pages[pos / page_size];
         if (page < 0 || page >= num_pages) return -1;
         slots[j] = page * page_size + pos % page_size;
     }
-    for (int64_t j = n; j < (n + 7) / 8 * 8; j++) slots[j] = slots[0];
+    for (int64_t j = 0; j < j_lo; j++) slots[j] = slots[j_lo];
+    for (int64_t j = n; j < (n + 7) / 8 * 8; j++) slots[j] = slots[j_lo];
     return n;
 }
 
-/* Blocks outer, heads inner: a block's K/V rows (all KV heads, BLOCK tokens) come from
- * memory once and serve every query head from L2. A head's query and accumulator live in
- * NC registers of 8 floats while it works on a block; between blocks they wait in accs.
- * T / LOAD8: the pool's element type and its 8-wide load as floats; QUANT: whether rows
- * carry scales (a compile-time constant, so the fp32 copy multiplies by nothing). */
-#define DEFINE_ATTEND_VEC(NAME, NC, T, LOAD8, QUANT)                                          \
-    static int NAME(const float *q, const T *k, const T *v, const float *ks, const float *vs, \
-                    const int32_t *pages, int64_t p0, int64_t len, int64_t num_pages,          \
-                    int64_t page_size, int64_t h0, int64_t h1, int64_t hq, int64_t hkv,        \
-                    int64_t dim, float scale, float *out, float *lse) {                        \
-        int64_t slots[BLOCK];                                                                  \
-        float scores[BLOCK], run_max[hq], run_sum[hq];                                         \
-        v8 accs[hq][NC];                                                                       \
-        const int64_t group = hq / hkv, row = hkv * dim;                                       \
-        for (int64_t h = h0; h < h1; h++) {                                                    \
-            run_max[h] = -INFINITY;                                                            \
-            run_sum[h] = 0.0f;                                                                 \
-            for (int c = 0; c < NC; c++) accs[h][c] = (v8){0};                                 \
+/* One block step for head_dim 8 * NC: a head's query and accumulator live in NC registers
+ * of 8 floats while it works on the block. T / LOAD8: the pool's element type and its
+ * 8-wide load as floats; QUANT: whether rows carry scales (a compile-time constant, so the
+ * fp32 copy multiplies by nothing). NC may be a run-time value (at most NC_MAX). */
+#define DEFINE_BLOCK_VEC(NAME, NC, NC_MAX, T, LOAD8, QUANT)                                    \
+    static ARBOR_SHARED void NAME(const float *qh, const void *kp, const void *vp, const float *ks, \
+                                  const float *vs, int kind, const int64_t *slots, int64_t j_lo,  \
+                                  int64_t n, int64_t kvh, int64_t hkv, int64_t dim, float scale,  \
+                                  float cap, float *acc_mem, float *run_max, float *run_sum) {    \
+        const T *k = kp, *v = vp;                                                              \
+        const int64_t row = hkv * dim, off = kvh * dim;                                        \
+        float scores[BLOCK];                                                                   \
+        v8 qv[NC_MAX], acc[NC_MAX];                                                            \
+        (void)kind;                                                                            \
+        for (int c = 0; c < NC; c++) {                                                         \
+            qv[c] = load8(qh + 8 * c) * scale;                                                 \
+            acc[c] = load8(acc_mem + 8 * c);                                                   \
         }                                                                                      \
-        for (int64_t start = p0; start < len; start += BLOCK) {                                \
-            const int64_t n = block_slots(pages, start, len, num_pages, page_size, slots);     \
-            if (n < 0) return 1;                                                               \
-            for (int64_t h = h0; h < h1; h++) {                                                \
-                const int64_t kvh = h / group, off = kvh * dim;                                \
-                v8 qv[NC], acc[NC];                                                            \
-                for (int c = 0; c < NC; c++) {                                                 \
-                    qv[c] = load8(q + h * dim + 8 * c) * scale;                                \
-                    acc[c] = accs[h][c];                                                       \
-                }                                                                              \
-                for (int64_t j0 = 0; j0 < n; j0 += 8) {                                        \
-                    v8 part[8];                                                                \
-                    for (int t = 0; t < 8; t++) {                                              \
-                        const T *kr = k + slots[j0 + t] * row + off;                           \
-                        v8 s = qv[0] * LOAD8(kr);                                              \
-                        for (int c = 1; c < NC; c++) s += qv[c] * LOAD8(kr + 8 * c);           \
-                        part[t] = s;                                                           \
-                    }                                                                          \
-                    v8 tot = sum8(part[0], part[1], part[2], part[3], part[4], part[5],        \
-                                  part[6], part[7]);                                           \
-                    memcpy(scores + j0, &tot, sizeof tot);                                     \
-                }                                                                              \
-                if (QUANT)                                                                     \
-                    for (int64_t j = 0; j < n; j++) scores[j] *= ks[slots[j] * hkv + kvh];     \
-                float block_max = -INFINITY, block_sum = 0.0f;                                 \
-                for (int64_t j = 0; j < n; j++)                                                \
-                    block_max = scores[j] > block_max ? scores[j] : block_max;                 \
-                const float new_max = block_max > run_max[h] ? block_max : run_max[h];         \
-                const float keep =                                                             \
-                    run_max[h] == -INFINITY ? 0.0f : exp_nonpos(run_max[h] - new_max);         \
-                _Pragma("omp simd reduction(+ : block_sum)")                                   \
-                for (int64_t j = 0; j < n; j++) {                                              \
-                    scores[j] = exp_nonpos(scores[j] - new_max);                               \
-                    block_sum += scores[j];                                                    \
-                }                                                                              \
-                run_sum[h] = run_sum[h] * keep + block_sum;                                    \
-                run_max[h] = new_max;                                                          \
-                for (int c = 0; c < NC; c++) acc[c] *= keep;                                   \
-                for (int64_t j = 0; j < n; j++) {                                              \
-                    const T *vr = v + slots[j] * row + off;                                    \
-                    const float w = QUANT ? scores[j] * vs[slots[j] * hkv + kvh] : scores[j];  \
-                    for (int c = 0; c < NC; c++) acc[c] += w * LOAD8(vr + 8 * c);              \
-                }                                                                              \
-                for (int c = 0; c < NC; c++) accs[h][c] = acc[c];                              \
+        for (int64_t j0 = 0; j0 < n; j0 += 8) {                                                \
+            v8 part[8];                                                                        \
+            for (int t = 0; t < 8; t++) {                                                      \
+                const T *kr = k + slots[j0 + t] * row + off;                                   \
+                v8 s = qv[0] * LOAD8(kr);                                                      \
+                for (int c = 1; c < NC; c++) s += qv[c] * LOAD8(kr + 8 * c);                   \
+                part[t] = s;                                                                   \
             }                                                                                  \
+            v8 tot = sum8(part[0], part[1], part[2], part[3], part[4], part[5], part[6], part[7]); \
+            memcpy(scores + j0, &tot, sizeof tot);                                             \
         }                                                                                      \
-        for (int64_t h = h0; h < h1; h++) {                                                    \
-            float flat[8 * NC];                                                                \
-            memcpy(flat, accs[h], sizeof flat);                                                \
-            finish_head(flat, run_max[h], run_sum[h], dim, out + h * dim, lse + h);            \
+        finish_scores(scores, slots, QUANT ? ks : NULL, kvh, hkv, cap, j_lo, n);               \
+        const float keep = softmax_block(scores, j_lo, n, run_max, run_sum);                   \
+        for (int c = 0; c < NC; c++) acc[c] *= keep;                                           \
+        for (int64_t j = j_lo; j < n; j++) {                                                   \
+            const T *vr = v + slots[j] * row + off;                                            \
+            const float w = QUANT ? scores[j] * vs[slots[j] * hkv + kvh] : scores[j];          \
+            for (int c = 0; c < NC; c++) acc[c] += w * LOAD8(vr + 8 * c);                      \
         }                                                                                      \
-        return 0;                                                                              \
+        for (int c = 0; c < NC; c++) memcpy(acc_mem + 8 * c, &acc[c], sizeof(v8));             \
     }
 
-DEFINE_ATTEND_VEC(attend_f32_d64, 8, float, load8, 0)
-DEFINE_ATTEND_VEC(attend_f32_d128, 16, float, load8, 0)
-DEFINE_ATTEND_VEC(attend_int8_d64, 8, int8_t, load8_int8, 1)
-DEFINE_ATTEND_VEC(attend_int8_d128, 16, int8_t, load8_int8, 1)
-DEFINE_ATTEND_VEC(attend_fp8_d64, 8, uint8_t, load8_fp8, 1)
-DEFINE_ATTEND_VEC(attend_fp8_d128, 16, uint8_t, load8_fp8, 1)
+#define NC_ANY (MAX_DIM / 8)
+DEFINE_BLOCK_VEC(block_f32_d64, 8, 8, float, load8, 0)
+DEFINE_BLOCK_VEC(block_f32_d128, 16, 16, float, load8, 0)
+DEFINE_BLOCK_VEC(block_f32_d8n, dim / 8, NC_ANY, float, load8, 0)
+DEFINE_BLOCK_VEC(block_int8_d64, 8, 8, int8_t, load8_int8, 1)
+DEFINE_BLOCK_VEC(block_int8_d128, 16, 16, int8_t, load8_int8, 1)
+DEFINE_BLOCK_VEC(block_int8_d8n, dim / 8, NC_ANY, int8_t, load8_int8, 1)
+DEFINE_BLOCK_VEC(block_fp8_d64, 8, 8, uint8_t, load8_fp8, 1)
+DEFINE_BLOCK_VEC(block_fp8_d128, 16, 16, uint8_t, load8_fp8, 1)
+DEFINE_BLOCK_VEC(block_fp8_d8n, dim / 8, NC_ANY, uint8_t, load8_fp8, 1)
 
-/* Query heads [h0, h1) of one request over positions [p0, p1) with the copy for its pool
- * kind and head_dim (declared in arbor_cpu.h). NOTE: the copies index the score blocks
- * from p0, so p0 need not be a multiple of anything; a key's page is pages[pos / page_size]. */
+ARBOR_SHARED ArborBlockFn arbor_block_fn(int kind, int64_t dim) {
+    if (dim <= 0 || dim > MAX_DIM) return NULL;
+    if (dim % 8 != 0) return kind == KV_F32 || kind == KV_INT8 || kind == KV_FP8 ? block_any : NULL;
+    switch (kind) {
+    case KV_F32: return dim == 64 ? block_f32_d64 : dim == 128 ? block_f32_d128 : block_f32_d8n;
+    case KV_INT8: return dim == 64 ? block_int8_d64 : dim == 128 ? block_int8_d128 : block_int8_d8n;
+    case KV_FP8: return dim == 64 ? block_fp8_d64 : dim == 128 ? block_fp8_d128 : block_fp8_d8n;
+    default: return NULL;
+    }
+}
+
+/* Query heads [h0, h1) of one request over positions [p0, p1) (declared in arbor_cpu.h).
+ * NOTE: blocks lie on multiples of BLOCK positions whatever p0 is (keys before p0 in the
+ * first block are hidden), so a query's arithmetic depends on its own key range only. */
 int arbor_attend_range(const float *q, const void *k, const void *v, const float *ks,
                        const float *vs, int kind, const int32_t *pages, int64_t p0, int64_t p1,
                        int64_t num_pages, int64_t page_size, int64_t h0, int64_t h1, int64_t hq,
-                       int64_t hkv, int64_t dim, float scale, float *out, float *lse) {
+                       int64_t hkv, int64_t dim, float scale, float softcap, float *out, float *lse) {
     if (hkv <= 0 || hq % hkv != 0 || hq > MAX_HEADS || dim > MAX_DIM) return 2;
     if (kind != KV_F32 && (ks == NULL || vs == NULL)) return 2;
-#define CALL(FN, T) FN(q, (const T *)k, (const T *)v, ks, vs, pages, p0, p1, num_pages, page_size, \
-                       h0, h1, hq, hkv, dim, scale, out, lse)
-    if (kind == KV_F32 && dim == 64) return CALL(attend_f32_d64, float);
-    if (kind == KV_F32 && dim == 128) return CALL(attend_f32_d128, float);
-    if (kind == KV_INT8 && dim == 64) return CALL(attend_int8_d64, int8_t);
-    if (kind == KV_INT8 && dim == 128) return CALL(attend_int8_d128, int8_t);
-    if (kind == KV_FP8 && dim == 64) return CALL(attend_fp8_d64, uint8_t);
-    if (kind == KV_FP8 && dim == 128) return CALL(attend_fp8_d128, uint8_t);
-#undef CALL
-    if (kind != KV_F32 && kind != KV_INT8 && kind != KV_FP8) return 2;
-    return attend_any(q, k, v, ks, vs, kind, pages, p0, p1, num_pages, page_size, h0, h1, hq, hkv,
-                      dim, scale, out, lse);
+    const ArborBlockFn fn = arbor_block_fn(kind, dim);
+    if (fn == NULL) return 2;
+    int64_t slots[BLOCK];
+    float run_max[MAX_HEADS], run_sum[MAX_HEADS];
+    float *acc = out; /* NOTE: each head's accumulator is its output row until it is finished */
+    const int64_t group = hq / hkv;
+    for (int64_t h = h0; h < h1; h++) {
+        run_max[h] = -INFINITY;
+        run_sum[h] = 0.0f;
+        memset(acc + h * dim, 0, sizeof(float) * (size_t)dim);
+    }
+    for (int64_t start = p0 < p1 ? p0 / BLOCK * BLOCK : p1; start < p1; start += BLOCK) {
+        const int64_t n = p1 - start < BLOCK ? p1 - start : BLOCK, j_lo = p0 > start ? p0 - start : 0;
+        if (arbor_block_slots(pages, start, j_lo, n, num_pages, page_size, slots) < 0) return 1;
+        for (int64_t h = h0; h < h1; h++)
+            fn(q + h * dim, k, v, ks, vs, kind, slots, j_lo, n, h / group, hkv, dim, scale, softcap,
+               acc + h * dim, &run_max[h], &run_sum[h]);
+    }
+    for (int64_t h = h0; h < h1; h++)
+        arbor_finish_head(acc + h * dim, run_max[h], run_sum[h], dim, out + h * dim, lse + h);
+    return 0;
 }
 
 ARBOR_SHARED int64_t arbor_attn_chunks(int64_t len) {
@@ -331,18 +339,23 @@ ARBOR_SHARED void arbor_merge_partial(float *out, float *lse, const float *part,
     }
 }
 
+ARBOR_SHARED int64_t arbor_first_visible(int64_t len, int64_t window) {
+    return window > 0 && len > window ? len - window : 0;
+}
+
 ARBOR_SHARED int arbor_attend_chunked(const float *q, const void *k, const void *v, const float *ks,
                                       const float *vs, int kind, const int32_t *pages, int64_t len,
-                                      int64_t num_pages, int64_t page_size, int64_t h0, int64_t h1,
-                                      int64_t hq, int64_t hkv, int64_t dim, float scale, float *out,
-                                      float *lse, float *tmp) {
-    const int64_t chunks = arbor_attn_chunks(len);
+                                      int64_t window, int64_t num_pages, int64_t page_size, int64_t h0,
+                                      int64_t h1, int64_t hq, int64_t hkv, int64_t dim, float scale,
+                                      float softcap, float *out, float *lse, float *tmp) {
+    const int64_t chunks = arbor_attn_chunks(len), lo = arbor_first_visible(len, window);
     int bad = 0;
     for (int64_t c = 0; c < chunks; c++) {
-        const int64_t p0 = c * ATTN_CHUNK, p1 = p0 + ATTN_CHUNK < len ? p0 + ATTN_CHUNK : len;
+        const int64_t c0 = c * ATTN_CHUNK, p0 = c0 > lo ? c0 : lo;
+        const int64_t p1 = c0 + ATTN_CHUNK < len ? c0 + ATTN_CHUNK : len;
         float *o = c == 0 ? out : tmp, *l = c == 0 ? lse : tmp + hq * dim;
         bad |= arbor_attend_range(q, k, v, ks, vs, kind, pages, p0, p1, num_pages, page_size, h0, h1,
-                                  hq, hkv, dim, scale, o, l);
+                                  hq, hkv, dim, scale, softcap, o, l);
         if (c > 0) arbor_merge_partial(out, lse, tmp, tmp + hq * dim, h0, h1, dim);
     }
     return bad;
@@ -352,7 +365,8 @@ int arbor_decode_attention(const float *q, const void *k, const void *v, const f
                            const float *v_scale, int kv_kind, const int32_t *page_table,
                            const int32_t *seq_lens, float *out, float *lse, int64_t batch,
                            int64_t hq, int64_t hkv, int64_t dim, int64_t max_pages,
-                           int64_t page_size, int64_t num_slots, float scale, int num_threads) {
+                           int64_t page_size, int64_t num_slots, float scale, float softcap,
+                           int64_t window, int num_threads) {
     if (hkv <= 0 || hq % hkv != 0 || hq > MAX_HEADS || dim > MAX_DIM) return 2;
     if (kv_kind != KV_F32 && kv_kind != KV_INT8 && kv_kind != KV_FP8) return 2;
     if (kv_kind != KV_F32 && (k_scale == NULL || v_scale == NULL)) return 2;
@@ -371,8 +385,9 @@ int arbor_decode_attention(const float *q, const void *k, const void *v, const f
                 continue;
             }
             bad |= arbor_attend_chunked(q + b * hq * dim, k, v, k_scale, v_scale, kv_kind,
-                                        page_table + b * max_pages, len, num_pages, page_size, 0, hq,
-                                        hq, hkv, dim, scale, out + b * hq * dim, lse + b * hq, tmp);
+                                        page_table + b * max_pages, len, window, num_pages, page_size, 0,
+                                        hq, hq, hkv, dim, scale, softcap, out + b * hq * dim, lse + b * hq,
+                                        tmp);
         }
         free(tmp);
     }

@@ -17,7 +17,7 @@ from kernels.cpu.build import build_library
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _ARGTYPES: list[Any] = [_P, _P, _P, _P, _P, ctypes.c_int, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I,
-                        ctypes.c_float, ctypes.c_int]
+                        ctypes.c_float, ctypes.c_float, _I, ctypes.c_int]
 MAX_HEADS, MAX_DIM = 256, 256  # as in decode_attention.c
 # The pool dtypes the kernel reads, by its kv_kind code (int8 / fp8 pools carry scales).
 KV_KINDS = {torch.float32: 0, torch.int8: 1, torch.float8_e4m3fn: 2}
@@ -49,8 +49,11 @@ class CpuDecodeAttention:
         scale: float,
         k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] fp32, for an int8 / fp8 pool
         v_scale: torch.Tensor | None = None,
+        window: int | None = None,  # attend to the last ``window`` positions only
+        softcap: float | None = None,  # scores -> softcap * tanh(scores / softcap)
     ) -> tuple[torch.Tensor, torch.Tensor]:  # out [B, Hq, D], lse [B, Hq] (natural log)
         batch, heads, dim = q.shape
+        window_arg, cap_arg = window_and_softcap(window, softcap)
         num_slots, kv_heads, _ = k_buffer.shape
         if not (k_buffer.is_contiguous() and v_buffer.is_contiguous()) or v_buffer.shape != k_buffer.shape:
             raise ValueError("k_buffer and v_buffer must be contiguous [num_slots, Hkv, D] of one shape")
@@ -58,7 +61,7 @@ class CpuDecodeAttention:
             raise ValueError(f"the KV pool must be fp32, int8 or fp8 e4m3 (both alike), got "
                              f"{k_buffer.dtype} / {v_buffer.dtype}")
         kind = KV_KINDS[k_buffer.dtype]
-        scale_ptrs = _scale_pointers(kind, k_scale, v_scale, (num_slots, kv_heads))
+        scale_ptrs = scale_pointers(kind, k_scale, v_scale, (num_slots, kv_heads))
         if k_buffer.shape[2] != dim or heads % kv_heads:
             raise ValueError(f"q {tuple(q.shape)} does not fit a KV pool of {tuple(k_buffer.shape)}")
         if page_table.dtype != torch.int32 or seq_lens.dtype != torch.int32:
@@ -74,7 +77,8 @@ class CpuDecodeAttention:
             return out, lse
         status = self._fn(q.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(), *scale_ptrs, kind,
                           table.data_ptr(), lens.data_ptr(), out.data_ptr(), lse.data_ptr(), batch, heads, kv_heads, dim,
-                          table.shape[1], page_size, num_slots, scale, torch.get_num_threads())
+                          table.shape[1], page_size, num_slots, scale, cap_arg, window_arg,
+                          torch.get_num_threads())
         if status == 1:
             raise ValueError("a sequence length or page id lies outside the page table or the KV pool")
         if status == 3:
@@ -84,7 +88,16 @@ class CpuDecodeAttention:
         return out, lse
 
 
-def _scale_pointers(
+def window_and_softcap(window: int | None, softcap: float | None) -> tuple[int, float]:
+    """The C kernels' encoding of a window and a soft-cap (0: none), checked."""
+    if window is not None and window < 1:
+        raise ValueError(f"an attention window must be >= 1, got {window}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"an attention soft-cap must be > 0, got {softcap}")
+    return window or 0, softcap or 0.0
+
+
+def scale_pointers(
     kind: int, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None, shape: tuple[int, int]
 ) -> tuple[int, int]:
     """Data pointers of an 8-bit pool's row scales (0, 0 for an fp32 pool), checked."""

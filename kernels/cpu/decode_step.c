@@ -93,11 +93,12 @@ typedef struct {
     const float *input_norm, *post_norm; /* [hidden] */
     void *k, *v;                         /* this layer's pool, [num_slots, Hkv, D] */
     float *k_scale, *v_scale;            /* [num_slots, Hkv] of an 8-bit pool, else NULL */
+    int64_t window;                      /* attend to the last `window` positions (0: all) */
 } ArborDecodeLayer;
 
 typedef struct {
     int64_t num_layers, hidden, inter, num_heads, num_kv_heads, head_dim, vocab;
-    float eps, attn_scale;
+    float eps, attn_scale, attn_softcap; /* softcap 0: none */
     int32_t kv_kind; /* 0 fp32, 1 int8, 2 fp8 e4m3 */
     int64_t num_slots, page_size;
     const ArborDecodeLayer *layers; /* [num_layers] */
@@ -209,14 +210,17 @@ static int attention(Team *team, const ArborDecodeModel *m, const ArborDecodeLay
      * i % size), so a long request's partials spread over every thread. */
     for (int64_t item = team->tid; item < items; item += team->size) {
         const int64_t b = item / (hkv * chunks), kvh = (item / chunks) % hkv, c = item % chunks;
-        const int64_t len = in->seq_lens[b];
+        const int64_t len = in->seq_lens[b], lo = arbor_first_visible(len, layer->window);
         if (c >= arbor_attn_chunks(len)) continue;
-        const int64_t p0 = c * ARBOR_ATTN_CHUNK, p1 = p0 + ARBOR_ATTN_CHUNK < len ? p0 + ARBOR_ATTN_CHUNK : len;
+        /* NOTE: a partial wholly before the window is empty (a zero out, lse -inf), as in
+         * arbor_attend_chunked; the merge skips it */
+        const int64_t c0 = c * ARBOR_ATTN_CHUNK, p0 = c0 > lo ? c0 : lo;
+        const int64_t p1 = c0 + ARBOR_ATTN_CHUNK < len ? c0 + ARBOR_ATTN_CHUNK : len;
         const int status = arbor_attend_range(
             qkv + b * l->qkv_width, layer->k, layer->v, layer->k_scale, layer->v_scale, m->kv_kind,
             in->page_table + b * in->max_pages, p0, p1, num_pages, m->page_size, kvh * group,
-            (kvh + 1) * group, hq, hkv, dim, m->attn_scale, part_out + (b * chunks + c) * hq * dim,
-            part_lse + (b * chunks + c) * hq);
+            (kvh + 1) * group, hq, hkv, dim, m->attn_scale, m->attn_softcap,
+            part_out + (b * chunks + c) * hq * dim, part_lse + (b * chunks + c) * hq);
         if (status != 0) bad = status; /* this thread's; the region ORs them */
     }
     team_sync(team);

@@ -32,13 +32,13 @@ class _QWeight(ctypes.Structure):  # ArborQWeight
 class _Layer(ctypes.Structure):  # ArborDecodeLayer
     _fields_ = [("qkv", _QWeight), ("o", _QWeight), ("gate_up", _QWeight), ("down", _QWeight),
                 ("input_norm", _P), ("post_norm", _P), ("k", _P), ("v", _P), ("k_scale", _P),
-                ("v_scale", _P)]
+                ("v_scale", _P), ("window", _I)]
 
 
 class _Model(ctypes.Structure):  # ArborDecodeModel
     _fields_ = [("num_layers", _I), ("hidden", _I), ("inter", _I), ("num_heads", _I),
                 ("num_kv_heads", _I), ("head_dim", _I), ("vocab", _I), ("eps", _F),
-                ("attn_scale", _F), ("kv_kind", ctypes.c_int32), ("num_slots", _I), ("page_size", _I),
+                ("attn_scale", _F), ("attn_softcap", _F), ("kv_kind", ctypes.c_int32), ("num_slots", _I), ("page_size", _I),
                 ("layers", ctypes.POINTER(_Layer)), ("final_norm", _P), ("lm_head", _QWeight)]
 
 
@@ -53,6 +53,7 @@ class DecodeLayerWeights:
     down: QuantizedWeight  # [hidden, inter]
     input_norm: torch.Tensor  # [hidden] fp32
     post_norm: torch.Tensor  # [hidden] fp32
+    window: int | None = None  # attend to the last ``window`` positions only (a sliding-window layer)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ class DecodeModelWeights:
     num_kv_heads: int
     head_dim: int
     eps: float  # RMSNorm epsilon
+    attn_scale: float | None = None  # the scores' scale (None: head_dim ** -0.5)
+    attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap) (None: none)
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,13 @@ def _cpu(t: torch.Tensor, dtype: torch.dtype, name: str) -> torch.Tensor:
     return t
 
 
+def _window(window: int | None, name: str) -> int:
+    """The C struct's window (0: none)."""
+    if window is not None and window < 1:
+        raise UnsupportedDecodeModel(f"{name} has an attention window of {window}; it must be >= 1")
+    return window or 0
+
+
 def _qweight(w: QuantizedWeight, rows: int, cols: int, name: str, bias: torch.Tensor | None = None) -> _QWeight:
     if (w.out_features, w.in_features) != (rows, cols):
         raise UnsupportedDecodeModel(f"{name} is [{w.out_features}, {w.in_features}], expected [{rows}, {cols}]")
@@ -152,8 +162,11 @@ class BoundDecodeStep:
         if len(widths | {head.kp}) != 1:
             raise UnsupportedDecodeModel("qkv, gate_up and lm_head must share one padded width")
         self._layers = layers
+        if weights.attn_softcap is not None and not weights.attn_softcap > 0:
+            raise UnsupportedDecodeModel(f"an attention soft-cap must be > 0, got {weights.attn_softcap}")
+        scale = dim**-0.5 if weights.attn_scale is None else weights.attn_scale
         self._model = _Model(len(weights.layers), hidden, inter, hq, hkv, dim, self.vocab, weights.eps,
-                             dim**-0.5, kind, self.num_slots, pool.page_size, layers,
+                             scale, weights.attn_softcap or 0.0, kind, self.num_slots, pool.page_size, layers,
                              _cpu(weights.final_norm, torch.float32, "final_norm").data_ptr(), head)
         self.page_size = pool.page_size
         self._buffer = torch.empty(0, dtype=torch.uint8)
@@ -182,7 +195,7 @@ class BoundDecodeStep:
             _qweight(lw.down, hidden, inter, f"{name}.down"),
             _cpu(lw.input_norm, torch.float32, f"{name}.input_norm").data_ptr(),
             _cpu(lw.post_norm, torch.float32, f"{name}.post_norm").data_ptr(),
-            k.data_ptr(), v.data_ptr(), *scales,
+            k.data_ptr(), v.data_ptr(), *scales, _window(lw.window, name),
         )
 
     def __call__(

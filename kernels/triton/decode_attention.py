@@ -14,6 +14,9 @@ Split ranges, recomputed identically by both kernels (``_split_range``)::
     split s covers [s * split_len, min((s + 1) * split_len, seq_len))   -- may be empty
 
 Split 0 is empty only when ``seq_len == 0``; that output is zeros, as in the reference.
+With a sliding window ``W`` every split is cut to positions ``seq_len - W ..`` (a split
+wholly before them is empty); with a soft-cap ``c`` each scaled score ``s`` becomes
+``c * tanh(s / c)`` (Gemma 2) before the softmax.
 """
 
 from __future__ import annotations
@@ -44,10 +47,22 @@ CPU_TARGET_PROGRAMS = 64  # the interpreter has no SMs; any fixed target will do
 
 
 @triton.jit
-def _split_range(seq_len, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+def _split_range(seq_len, split, window, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(start, end) of a split; with ``window > 0``, cut to the query's window."""
     split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * split_len
-    return start, tl.minimum(start + split_len, seq_len)
+    if window > 0:
+        start = tl.maximum(start, seq_len - window)
+    return start, tl.minimum(split * split_len + split_len, seq_len)
+
+
+@triton.jit
+def soft_cap(qk, softcap):
+    """Scores in the log2 domain -> soft-capped ones: ``c * tanh(s / c)`` of the natural
+    scaled score ``s = qk * ln 2`` (tanh as 2 sigmoid(2x) - 1: Triton has no tanh of its own)."""
+    s = qk * 0.6931471805599453
+    s = softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0)
+    return s * 1.4426950408889634
 
 
 @triton.jit
@@ -62,16 +77,16 @@ def _decode_partial_kernel(
     stride_qb, stride_qh,  # q: [B, Hq, D]
     stride_ks, stride_kh, stride_vs, stride_vh,  # pool: [num_slots, Hkv, D]
     stride_pb,  # page_table: [B, max_pages]
-    scale_log2, num_q_heads, num_kv_heads, head_dim,
+    scale_log2, num_q_heads, num_kv_heads, head_dim, window, softcap,
     GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, QUANT: tl.constexpr,
+    DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, QUANT: tl.constexpr, CAP: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
-    start, end = _split_range(seq_len, split, NUM_SPLITS, BLOCK_N)
+    start, end = _split_range(seq_len, split, window, NUM_SPLITS, BLOCK_N)
     if end > start:
         offs_g = tl.arange(0, BLOCK_H)
         offs_d = tl.arange(0, BLOCK_D)
@@ -100,6 +115,8 @@ def _decode_partial_kernel(
             )  # fmt: skip
             # [BLOCK_H, BLOCK_N] scores in the log2 domain
             qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+            if CAP:
+                qk = soft_cap(qk, softcap)
             qk = tl.where(mask_n[None, :], qk, float("-inf"))
             acc, l_i, m_i = softmax_step(acc, l_i, m_i, qk, v, DOT_PRECISION)
 
@@ -113,7 +130,7 @@ def _decode_partial_kernel(
 def _decode_reduce_kernel(
     mid_o_ptr, mid_lse_ptr, seq_lens_ptr, out_ptr,
     stride_ob, stride_oh,  # out: [B, Hq, D]
-    num_q_heads, head_dim,
+    num_q_heads, head_dim, window,
     NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
@@ -126,7 +143,7 @@ def _decode_reduce_kernel(
     denom = 0.0  # sum of exp2(lse - m) over the splits merged so far
     acc = tl.zeros([BLOCK_D], tl.float32)
     for split in range(NUM_SPLITS):
-        start, end = _split_range(seq_len, split, NUM_SPLITS, BLOCK_N)
+        start, end = _split_range(seq_len, split, window, NUM_SPLITS, BLOCK_N)
         if end > start:
             mid = _mid_row(b, head, split, num_q_heads, NUM_SPLITS)
             lse = tl.load(mid_lse_ptr + mid)
@@ -154,13 +171,18 @@ def decode_attention(
     num_kv_splits: int | None = None,
     k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] fp32, for an int8 / fp8 pool
     v_scale: torch.Tensor | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
-    """Attention of each request's newest token over all its cached tokens.
+    """Attention of each request's newest token over all its cached tokens (the last
+    ``window`` of them, with a window).
 
     Args:
         num_kv_splits: splits of the sequence per (request, KV head); ``None`` picks one
             from the batch shape and the page table's capacity (no device sync).
         k_scale, v_scale: an 8-bit pool's row scales (required with one).
+        window: attend to the last ``window`` positions only (>= 1).
+        softcap: scores -> ``softcap * tanh(scores / softcap)`` (> 0).
 
     Returns:
         [B, Hq, D] in ``q``'s dtype.
@@ -171,6 +193,10 @@ def decode_attention(
     batch, num_q_heads, head_dim = _check_args(
         q, k_buffer, v_buffer, page_table, seq_lens, page_size, k_scale, v_scale
     )
+    if window is not None and window < 1:
+        raise ValueError(f"an attention window must be >= 1, got {window}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"an attention soft-cap must be > 0, got {softcap}")
     out = torch.empty((batch, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
     if batch == 0:
         return out
@@ -192,12 +218,12 @@ def decode_attention(
         q.stride(0), q.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         page_table.stride(0),
-        scale * math.log2(math.e), num_q_heads, num_kv_heads, head_dim,
-        PAGE_SIZE=page_size, NUM_SPLITS=num_splits, QUANT=k_scale is not None,
+        scale * math.log2(math.e), num_q_heads, num_kv_heads, head_dim, window or 0, softcap or 1.0,
+        PAGE_SIZE=page_size, NUM_SPLITS=num_splits, QUANT=k_scale is not None, CAP=softcap is not None,
         **config, **dot_config(q.dtype, k_buffer.dtype, _decode_partial_kernel),
     )  # fmt: skip
     _decode_reduce_kernel[(batch, num_q_heads)](
-        mid_o, mid_lse, seq_lens, out, out.stride(0), out.stride(1), num_q_heads, head_dim,
+        mid_o, mid_lse, seq_lens, out, out.stride(0), out.stride(1), num_q_heads, head_dim, window or 0,
         NUM_SPLITS=num_splits, BLOCK_N=config["BLOCK_N"], BLOCK_D=config["BLOCK_D"], num_warps=4,
     )  # fmt: skip
     return out

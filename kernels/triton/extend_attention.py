@@ -9,8 +9,10 @@ in the pool, so one request's keys are positions ``0 .. seq_len - 1`` of its pag
                cached prefix (loop 1)      | new tokens (loop 2, causal)
     new token i (position prefix_len + i) sees positions 0 .. prefix_len + i
 
-Loop 1 needs no causal mask; loop 2 stops after the tile's last row. Both start at a
-position every row may see, so no row is ever fully masked (see ``softmax_step``).
+Loop 1 needs no causal mask; loop 2 stops after the tile's last row. With a sliding
+window ``W`` both start at the tile's first row's first visible position
+(``prefix_len + first row - W + 1``) and mask each row's keys before its own; with a
+soft-cap each scaled score becomes ``c * tanh(s / c)`` (``decode_attention.soft_cap``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from kernels.triton.checks import (
     dot_config,
     scale_args,
 )
+from kernels.triton.decode_attention import soft_cap
 from kernels.triton.paged import load_paged_kv, softmax_step
 
 
@@ -41,10 +44,10 @@ def _extend_kernel(
     stride_ks, stride_kh, stride_vs, stride_vh,  # pool: [num_slots, Hkv, D]
     stride_ot, stride_oh,  # out: [T, Hq, D]
     stride_pb,  # page_table: [B, max_pages]
-    scale_log2, num_kv_heads, head_dim,
+    scale_log2, num_kv_heads, head_dim, window, softcap,
     GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, QUANT: tl.constexpr,
+    DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, QUANT: tl.constexpr, CAP: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     q_head = tl.program_id(1)
@@ -72,8 +75,15 @@ def _extend_kernel(
         k_head = kv_head * stride_kh
         v_head = kv_head * stride_vh
 
-        # Loop 1: the cached prefix, visible to every new token.
-        for n0 in range(0, prefix_len, BLOCK_N):
+        q_pos = prefix_len + offs_m  # [BLOCK_M]
+        first = prefix_len * 0  # the first position any row of the tile sees (NOTE: a tensor on both branches)
+        lo = tl.zeros([BLOCK_M], tl.int32)  # each row's first visible position
+        if window > 0:
+            lo = tl.maximum(q_pos - window + 1, 0)
+            first = tl.maximum(prefix_len + m_block * BLOCK_M - window + 1, 0)
+
+        # Loop 1: the cached prefix, visible to every new token (but for a window).
+        for n0 in range(tl.minimum(first, prefix_len), prefix_len, BLOCK_N):
             pos = n0 + tl.arange(0, BLOCK_N)
             mask_n = pos < prefix_len
             k, v = load_paged_kv(
@@ -83,13 +93,14 @@ def _extend_kernel(
             )  # fmt: skip
             # [BLOCK_M, BLOCK_N] scores in the log2 domain
             qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
-            qk = tl.where(mask_n[None, :], qk, float("-inf"))
+            if CAP:
+                qk = soft_cap(qk, softcap)
+            qk = tl.where(mask_n[None, :] & (pos[None, :] >= lo[:, None]), qk, float("-inf"))
             acc, l_i, m_i = softmax_step(acc, l_i, m_i, qk, v, DOT_PRECISION)
 
         # Loop 2: the new tokens up to this tile's last row, causal.
-        q_pos = prefix_len + offs_m  # [BLOCK_M]
         causal_end = prefix_len + tl.minimum((m_block + 1) * BLOCK_M, extend_len)
-        for n0 in range(prefix_len, causal_end, BLOCK_N):
+        for n0 in range(tl.maximum(first, prefix_len), causal_end, BLOCK_N):
             pos = n0 + tl.arange(0, BLOCK_N)
             mask_n = pos < causal_end
             k, v = load_paged_kv(
@@ -98,11 +109,13 @@ def _extend_kernel(
                 page_row_ptr, pos, mask_n, offs_d, mask_d, PAGE_SIZE, DOT_FP32, QUANT,
             )  # fmt: skip
             qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
-            allowed = mask_n[None, :] & (pos[None, :] <= q_pos[:, None])  # [BLOCK_M, BLOCK_N]
+            if CAP:
+                qk = soft_cap(qk, softcap)
+            allowed = mask_n[None, :] & (pos[None, :] <= q_pos[:, None]) & (pos[None, :] >= lo[:, None])
             qk = tl.where(allowed, qk, float("-inf"))
             acc, l_i, m_i = softmax_step(acc, l_i, m_i, qk, v, DOT_PRECISION)
 
-        out = acc / l_i[:, None]
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # NOTE: a padding row may see no key
         out_ptrs = out_ptr + rows[:, None] * stride_ot + q_head * stride_oh + offs_d[None, :]
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask_md)
 
@@ -120,6 +133,8 @@ def extend_attention(
     *,
     k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] fp32, for an int8 / fp8 pool
     v_scale: torch.Tensor | None = None,
+    window: int | None = None,  # position p sees p - window + 1 .. p only (>= 1)
+    softcap: float | None = None,  # scores -> softcap * tanh(scores / softcap) (> 0)
 ) -> torch.Tensor:  # [T, Hq, D]
     """Causal attention of new tokens over their cached prefix and each other.
 
@@ -135,6 +150,10 @@ def extend_attention(
     """
     _check_args(q, k_buffer, v_buffer, page_table, prefix_lens, extend_lens, qo_indptr, page_size,
                 k_scale, v_scale)
+    if window is not None and window < 1:
+        raise ValueError(f"an attention window must be >= 1, got {window}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"an attention soft-cap must be > 0, got {softcap}")
     num_tokens, num_q_heads, head_dim = q.shape
     out = torch.empty((num_tokens, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
     if num_tokens == 0 or extend_lens.shape[0] == 0:
@@ -147,8 +166,8 @@ def extend_attention(
         q.stride(0), q.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         out.stride(0), out.stride(1), page_table.stride(0),
-        scale * math.log2(math.e), k_buffer.shape[1], head_dim,
-        PAGE_SIZE=page_size, QUANT=k_scale is not None,
+        scale * math.log2(math.e), k_buffer.shape[1], head_dim, window or 0, softcap or 1.0,
+        PAGE_SIZE=page_size, QUANT=k_scale is not None, CAP=softcap is not None,
         **config, **dot_config(q.dtype, k_buffer.dtype, _extend_kernel),
     )  # fmt: skip
     return out

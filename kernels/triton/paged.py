@@ -71,12 +71,13 @@ def softmax_step(acc, l_i, m_i, qk, v, DOT_PRECISION: tl.constexpr):
         qk: [M, BLOCK_N] fp32 scores in the log2 domain, -inf where masked.
         v: [BLOCK_N, BLOCK_D] value tile (16-bit, or fp32 for exact fp32 dots).
 
-    NOTE: every row must see at least one unmasked key by its first tile, or
-    ``exp2(-inf - -inf)`` is NaN; the callers guarantee it (see each kernel).
+    A row that has seen no unmasked key yet (a sliding window starts past this tile) keeps
+    a zero accumulator: its max stays -inf and is read as 0 here, so no ``-inf - -inf``.
     """
     m_new = tl.maximum(m_i, tl.max(qk, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk - m_new[:, None])
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(qk - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, l_i, m_new

@@ -224,7 +224,7 @@ def follower_main(cfg: EngineConfig, rank: int) -> None:
     [setup] = _receive(control)
     kv = KVCache(args.num_layers, setup["num_pages"], loaded.config.page_size, args.num_kv_heads,
                  args.head_dim, loaded.kv_dtype, loaded.device)
-    runner = ModelRunner(loaded.model, kv, loaded.device)
+    runner = ModelRunner(loaded.model, kv, loaded.device, invariant_attention=cfg.invariant_attention)
     with torch.inference_mode():
         while (batch := _receive(control)[0]) is not None:
             runner.forward(batch)

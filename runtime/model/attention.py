@@ -39,9 +39,11 @@ class AttentionMetadata:
     extend_plan: AttentionPlan | None = None
     decode_plan: AttentionPlan | None = None
     # The same for each sliding window W the model's layers use: W -> (extend, decode)
-    # plans that also hide keys W or more positions behind the query (built on every
-    # backend: windowed layers run the torch path).
+    # plans that also hide keys W or more positions behind the query (the torch path's;
+    # the native CPU decode kernel reads their page tables).
     window_plans: dict[int, tuple[AttentionPlan | None, AttentionPlan | None]] = field(default_factory=dict)
+    # Prefill rows through the row-invariant kernel where there is one (``kernels.extend_attention``)
+    invariant: bool = True
 
     @property
     def num_extend_reqs(self) -> int:
@@ -77,7 +79,7 @@ def paged_attention(
         parts.append(kernels.extend_attention(
             q[:split], k_buf, v_buf, meta.extend_page_table, meta.extend_prefix_lens,
             meta.extend_lens, meta.extend_qo_indptr, page_size, scale, extend_plan,
-            k_scale, v_scale, window, softcap,
+            k_scale, v_scale, window, softcap, meta.invariant,
         ))
     if meta.num_decode:
         parts.append(kernels.decode_attention(

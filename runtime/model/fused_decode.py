@@ -40,11 +40,11 @@ def decode_weights(model: LlamaForCausalLM) -> DecodeModelWeights:
     args = model.args
     if "fused_decode" not in mlp_block(args.mlp).supports:
         raise UnsupportedDecodeModel(f"the {args.mlp!r} MLP block")
-    differs = {"q/k norms": args.qk_norm, "sliding windows": bool(args.layer_windows),
-               "a non-SiLU MLP": args.hidden_act != "silu", "partial rotary": args.rotary_dim != args.head_dim,
-               "Gemma's norms, scales and caps": args.sandwich_norms or args.embed_scale is not None
-               or args.attn_scale is not None or args.attn_softcap is not None or args.final_softcap is not None
-               or args.local_rope is not None}
+    # NOTE: sliding windows, the attention scale and soft-cap run in the step; the
+    # embedding scale and the logits' soft-cap in ``FusedDecode.forward``, as the layers do
+    differs = {"q/k norms": args.qk_norm, "a non-SiLU MLP": args.hidden_act != "silu",
+               "partial rotary": args.rotary_dim != args.head_dim,
+               "Gemma's sandwich norms and local rope": args.sandwich_norms or args.local_rope is not None}
     if any(differs.values()):
         raise UnsupportedDecodeModel(f"the {args.family} family ({', '.join(k for k, v in differs.items() if v)}: "
                                      "the step has none of them)")
@@ -62,12 +62,14 @@ def decode_weights(model: LlamaForCausalLM) -> DecodeModelWeights:
             _quantized(mlp.gate_up_proj, f"layers[{i}].gate_up_proj").weight,
             _quantized(mlp.down_proj, f"layers[{i}].down_proj").weight,
             layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
+            attn.window,
         ))
     head = _quantized(model.lm_head, "lm_head")
     if head.bias is not None:
         raise UnsupportedDecodeModel("an LM head with a bias")
     return DecodeModelWeights(tuple(layers), model.norm.weight.detach(), head.weight, args.num_heads,
-                              args.num_kv_heads, args.head_dim, args.rms_norm_eps)
+                              args.num_kv_heads, args.head_dim, args.rms_norm_eps, args.attn_scale,
+                              args.attn_softcap)
 
 
 def decode_pool(kv: KVCache) -> DecodePool:
@@ -106,6 +108,11 @@ class FusedDecode:
         page_table: torch.Tensor,  # [B, max_pages] int32
         seq_lens: torch.Tensor,  # [B] int32, cached tokens incl. the new one
     ) -> torch.Tensor:  # [B, vocab] fp32
+        args = self.model.args
         h = self.model.embed_tokens(input_ids).contiguous()  # NOTE: a fresh tensor; the step overwrites it
+        if args.embed_scale is not None:  # NOTE: the layer-by-layer path's very operation
+            h = (h * torch.tensor(args.embed_scale, dtype=h.dtype)).contiguous()
         cos, sin = self.model.rope.lookup(positions)
-        return self.step(h, cos.squeeze(1), sin.squeeze(1), slots, page_table, seq_lens)
+        logits = self.step(h, cos.squeeze(1), sin.squeeze(1), slots, page_table, seq_lens)
+        cap = args.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap

@@ -39,11 +39,13 @@ class ModelRunner:
     """Runs the model on a ``ForwardBatch`` (plain values: it never sees a request)."""
 
     def __init__(
-        self, model: LlamaForCausalLM, kv: KVCache, device: torch.device, fused: FusedDecode | None = None
+        self, model: LlamaForCausalLM, kv: KVCache, device: torch.device, fused: FusedDecode | None = None,
+        invariant_attention: bool = True,
     ) -> None:
         self.model, self.kv, self.device = model, kv, device
         self.page_size = kv.page_size
         self.fused = fused  # decode-only batches run as one native call when set
+        self.invariant_attention = invariant_attention  # AttentionMetadata.invariant
 
     def forward(self, batch: ForwardBatch) -> ForwardOutput:
         if self.fused is not None and not batch.extend and batch.decode and self.fused.takes(len(batch.decode)):
@@ -153,6 +155,7 @@ class ModelRunner:
             decode_page_table=dec_table.to(self.device),
             decode_seq_lens=i32([n + 1 for n in dec_starts]),
             window_plans=self._window_plans(batch, ext_table, dec_table, ext_starts, ext_lens, indptr, dec_starts),
+            invariant=self.invariant_attention,
         )
         if kernels.get_kernel_backend(self.device) == "triton":
             return meta  # the Triton kernels read the pool in place: nothing to plan

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from paged_batch import make_paged_batch, naive_attention, random_q
+from paged_batch import make_paged_batch, naive_attention, quantize_batch, random_q
 
 import kernels
 from kernels import SharedPrefix, dispatch, reference
@@ -51,6 +51,38 @@ def test_matches_reference_and_oracle(
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out, naive_attention(q, batch, scale), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse, _lse(q, batch, scale), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.int8, torch.float8_e4m3fn])
+@pytest.mark.parametrize(("window", "softcap"), [(1, None), (40, None), (None, 5.0), (300, 2.0)])
+def test_windows_and_soft_caps_match_the_oracle(cpu_decode: CpuDecodeAttention, kv_dtype: torch.dtype,
+                                                window: int | None, softcap: float | None) -> None:
+    """Mistral's window (here also 1: the newest token only; 300: a first partial wholly
+    outside the window for the 257-token row) and Gemma 2's soft-cap, over every pool kind;
+    through the dispatcher with a windowed plan, the same bits."""
+    batch = _decode_batch(SEQ_LENS, 3, 64, 16)
+    q = random_q(len(SEQ_LENS), 9, 64, torch.float32) * 3
+    plain = batch
+    scales: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+    if kv_dtype != torch.float32:
+        quant = quantize_batch(batch, kv_dtype)
+        batch = dataclasses.replace(batch, k_buffer=quant.k_codes, v_buffer=quant.v_codes)
+        plain, scales = quant.dequantized, (quant.k_scale, quant.v_scale)
+    out, _ = cpu_decode(q, batch.k_buffer, batch.v_buffer, batch.page_table, batch.seq_lens, 16, 0.125, *scales,
+                        window=window, softcap=softcap)
+    torch.testing.assert_close(out, naive_attention(q, plain, 0.125, window, softcap), atol=2e-5, rtol=2e-5)
+
+
+def test_windowed_dispatch_takes_the_kernel(cpu_kernels: CpuKernels, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dispatch, "_cpu", cpu_kernels)
+    batch = _decode_batch(SEQ_LENS, 3, 64, 16)
+    q = random_q(len(SEQ_LENS), 9, 64, torch.float32)
+    plan = kernels.plan_decode(batch.page_table, batch.seq_lens, 16, window=40)
+    got = kernels.decode_attention(q, batch.k_buffer, batch.v_buffer, batch.page_table, batch.seq_lens, 16, 0.125,
+                                   plan, window=40, softcap=3.0)
+    want, _ = cpu_kernels.decode_attention(q, batch.k_buffer, batch.v_buffer, batch.page_table, batch.seq_lens, 16,
+                                           0.125, window=40, softcap=3.0)
+    assert torch.equal(got, want)
 
 
 def test_large_scores_and_many_rows(cpu_decode: CpuDecodeAttention) -> None:

@@ -148,3 +148,32 @@ def test_strided_q_views_are_read_through_their_strides(triton_kernels: SimpleNa
 def test_fp16_queries_over_fp32_pool_meet_in_fp32(triton_kernels: SimpleNamespace) -> None:
     batch = _decode_batch([9, 21], num_kv_heads=2, head_dim=64, page_size=1, dtype=torch.float32)
     _check_decode(triton_kernels, batch, random_q(2, 4, 64, torch.float16))
+
+
+@pytest.mark.parametrize(("window", "softcap"), [(1, None), (20, None), (None, 3.0), (30, 2.0)])
+def test_decode_windows_and_soft_caps(triton_kernels: SimpleNamespace, window: int | None,
+                                      softcap: float | None) -> None:
+    """Mistral's window (1: the newest token only) and Gemma 2's soft-cap, over several
+    splits (a split wholly before the window is empty), against the reference."""
+    seq_lens = [1, 6, 35, 70, 300]
+    batch = _decode_batch(seq_lens, 2, 64, 16, torch.float32)
+    q = random_q(len(seq_lens), 6, 64, torch.float32) * 3
+    args = (q, batch.k_buffer, batch.v_buffer, batch.page_table, batch.seq_lens, 16, 0.125)
+    out = triton_kernels.decode_attention(*args, num_kv_splits=4, window=window, softcap=softcap)
+    want = reference.decode_attention(*args, window=window, softcap=softcap)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("window", "softcap"), [(1, None), (20, None), (None, 3.0), (70, 2.0)])
+def test_extend_windows_and_soft_caps(triton_kernels: SimpleNamespace, window: int | None,
+                                      softcap: float | None) -> None:
+    """Windows shorter than the 64-row query tile (rows whose window starts past the first
+    key tile) and longer, soft-caps, over cached prefixes, against the reference."""
+    prefix_lens, extend_lens = [0, 5, 100, 33], [7, 1, 90, 70]
+    batch = make_paged_batch(prefix_lens, extend_lens, 2, 64, 16, torch.float32)
+    q = random_q(sum(extend_lens), 6, 64, torch.float32) * 3
+    args = (q, batch.k_buffer, batch.v_buffer, batch.page_table, batch.prefix_lens, batch.extend_lens,
+            batch.qo_indptr, 16, 0.125)
+    out = triton_kernels.extend_attention(*args, window=window, softcap=softcap)
+    want = reference.extend_attention(*args, window=window, softcap=softcap)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)

@@ -6,8 +6,7 @@ changes one axis and must give the tokens of the same request run alone on a col
 - a warm prefix cache: the whole prompt but its last page served from the cache, and a
   partial hit (a prompt whose head another request of the batch computed first);
 - the prefill chunk size: a prompt prefilled in 7-token chunks (off the 16-token page grid)
-  beside a running decode, against one whole-prompt prefill (not for GGUF weights: see
-  docs/invariance.md);
+  beside a running decode, against one whole-prompt prefill;
 - speculation off against on (prompt-lookup drafts verified in multi-row steps);
 - a prefix reloaded from the disk tier (docs/kv-tier.md) instead of found in the pool;
 
@@ -56,7 +55,7 @@ def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     weights, kv = request.param
     # NOTE: the disk tier only holds what flush_cache(to_tier=True) puts there: nothing evicts here
     eng = Engine(model="default", weights=weights, kv_cache_dtype=kv, page_size=16, num_pages=512,
-                 num_threads=1, chunked_prefill_size=CHUNK, seed=0,
+                 num_threads=1, chunked_prefill_size=CHUNK, seed=0, invariant_attention=True,
                  kv_tier_dir=str(tmp_path_factory.mktemp("tier")), kv_tier_max_bytes=2**28)
     yield eng
     eng.close()
@@ -99,14 +98,10 @@ def test_batch_composition_changes_nothing(engine: Engine, runs: dict[str, Any])
     assert results[1].num_cached_tokens > 0 and results[len(PROMPTS)].num_cached_tokens > 0
 
 
-def test_chunked_prefill_beside_a_decode_changes_nothing(engine: Engine, runs: dict[str, Any],
-                                                        request: pytest.FixtureRequest) -> None:
-    if engine.config.weights == "gguf":
-        # NOTE: outside the guarantee (docs/invariance.md): torch's CPU attention kernel sums
-        # a row differently when the call holds more keys (a whole prompt vs a chunk), and the
-        # GGUF kernel's int8 activations can turn that last-bit difference into another token
-        request.applymarker(pytest.mark.xfail(reason="GGUF weights: chunking changes attention's "
-                                              "last bits (docs/invariance.md)", strict=False))
+def test_chunked_prefill_beside_a_decode_changes_nothing(engine: Engine, runs: dict[str, Any]) -> None:
+    """GGUF weights included: the C prefill attention kernel computes a row's bits from
+    its own keys only (torch's SDPA summed them by the call's key count, and the GGUF
+    kernel's int8 activations turned that into another token)."""
     with running_beside(engine):
         got = alone(engine)
     assert got == runs["reference"]

@@ -323,3 +323,34 @@ def test_default_model_greedy_tokens_are_the_same_with_and_without(fmt: str) -> 
         outs[on] = (together, alone)
         engine.close()
     assert outs[True] == outs[False]
+
+
+# NOTE: window 300 over 600 tokens leaves the first 256-position partial empty and cuts the
+# second; window 7 keeps a query inside one or two 32-position blocks
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.int8])
+@pytest.mark.parametrize("windows", [(300, None), (7, 7)], ids=["window-300-and-global", "window-7"])
+def test_windows_and_caps_run_in_the_step(kv_dtype: torch.dtype, windows: tuple[int | None, ...],
+                                          tiny_llama_dir: Path) -> None:
+    """Sliding windows per layer (Mistral; Gemma's local / global alternation), the attention
+    scale and soft-cap, the embedding scale and the logits' soft-cap (Gemma 2's): the fused
+    step still equals the layer-by-layer path bit for bit."""
+    import dataclasses
+
+    model = _model(tiny_llama_dir, "int8")
+    model.args = dataclasses.replace(model.args, layer_windows=windows, attn_scale=0.2, attn_softcap=3.0,
+                                     embed_scale=8.0, final_softcap=4.0)
+    for layer, window in zip(model.layers, windows, strict=True):
+        layer.self_attn.window, layer.self_attn.scale, layer.self_attn.softcap = window, 0.2, 3.0
+    eager, fused = _runners(model, 4, kv_dtype)
+    assert fused.fused is not None
+    for lengths in ([600], [5, 300, 17]):
+        seqs = Seqs(_prompts(lengths), 4)
+        with torch.inference_mode():
+            new = eager.forward(seqs.prefill()).logits.argmax(dim=-1).tolist()
+            fused.forward(seqs.prefill())
+            for _ in range(3):
+                batch = seqs.decode(new)
+                want, got = eager.forward(batch), fused.forward(batch)
+                assert torch.equal(got.logits, want.logits)
+                _assert_same_kv(eager.kv, fused.kv, _slots(seqs))
+                new = want.logits.argmax(dim=-1).tolist()
