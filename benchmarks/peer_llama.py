@@ -52,14 +52,16 @@ def bench_command(tools: LlamaTools, model: Path, threads: int, prompts: Sequenc
 
 
 def batched_command(tools: LlamaTools, model: Path, threads: int, prompt: int, gen: int,
-                    streams: Sequence[int]) -> list[str]:
+                    streams: Sequence[int], shared_prompt: bool = False) -> list[str]:
     """``llama-batched-bench``: for each count in ``streams``, that many sequences of a
-    ``prompt``-token prompt each (not shared), then ``gen`` decode steps of all of them."""
+    ``prompt``-token prompt each (``shared_prompt``: one prompt, prefilled once and shared
+    by all), then ``gen`` decode steps of all of them."""
     # NOTE: a margin per sequence: llama.cpp pads its KV cells, and a context of exactly the
     # tokens refuses the last ones
     ctx = max(256, max(streams) * (prompt + gen + 16))
     return [str(tools.batched_bench), "-m", str(model), "-t", str(threads), "-tb", str(threads), "-c", str(ctx),
-            "-npp", str(prompt), "-ntg", str(gen), "-npl", ",".join(map(str, streams)), "--output-format", "jsonl"]
+            "-npp", str(prompt), "-ntg", str(gen), "-npl", ",".join(map(str, streams)), "--output-format", "jsonl",
+            *(["-pps"] if shared_prompt else [])]
 
 
 def first_token_command(tools: LlamaTools, model: Path, threads: int) -> list[str]:
@@ -94,7 +96,8 @@ def parse_batched_bench(text: str) -> dict[int, dict[str, float]]:
         row = json.loads(line)
         if "pl" in row:
             out[int(row["pl"])] = {"prefill_tok_s": float(row["speed_pp"]), "decode_tok_s": float(row["speed_tg"]),
-                                   "prefill_s": float(row["t_pp"]), "decode_s": float(row["t_tg"])}
+                                   "prefill_s": float(row["t_pp"]), "decode_s": float(row["t_tg"]),
+                                   "total_s": float(row["t"])}
     if not out:
         raise ValueError(f"no result lines in llama-batched-bench's output: {text[:200]!r}")
     return out

@@ -48,7 +48,8 @@ def test_batched_bench_jsonl_gives_decode_only_speed_per_stream_count() -> None:
                                   "speed_tg": 256.0}), ""])
     rows = parse_batched_bench(text)
     assert sorted(rows) == [8, 32]
-    assert rows[8] == {"prefill_tok_s": 256.0, "decode_tok_s": 204.8, "prefill_s": 4.0, "decode_s": 2.5}
+    assert rows[8] == {"prefill_tok_s": 256.0, "decode_tok_s": 204.8, "prefill_s": 4.0, "decode_s": 2.5,
+                       "total_s": 9.0}
     assert rows[32]["decode_tok_s"] == 256.0
     with pytest.raises(ValueError, match="no result lines"):
         parse_batched_bench("| PP | TG | B |\n")
@@ -64,7 +65,8 @@ def test_commands_pin_threads_file_and_workload() -> None:
     assert batched.startswith("/b/llama-batched-bench -m m.gguf")
     # NOTE: the context holds every sequence's prompt and output at once, with a margin
     assert "-c 6656" in batched and "-npp 128" in batched and "-ntg 64" in batched and "-npl 8,32" in batched
-    assert "-t 2 -tb 2" in batched and "--output-format jsonl" in batched
+    assert "-t 2 -tb 2" in batched and "--output-format jsonl" in batched and "-pps" not in batched
+    assert batched_command(TOOLS, Path("m.gguf"), 2, 528, 32, [16], shared_prompt=True)[-1] == "-pps"
     first = " ".join(first_token_command(TOOLS, Path("m.gguf"), 2))
     assert "-ntg 1" in first and "-npl 1" in first and "-c 256" in first
 
