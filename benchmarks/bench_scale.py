@@ -350,10 +350,13 @@ def metric_rows(runs: dict[str, list[dict[str, float]]], work: Workload) -> list
     """One row per figure: each side's median over the rounds (and its range), the ratio
     Arbor / llama.cpp and whether the issue's target on that ratio is met."""
     metrics = list(METRICS)
-    for n in work.streams:
+    keys = {k for rounds in runs.values() for r in rounds for k in r}  # NOTE: rounds added with other sizes
+    streams = sorted({*work.streams, *(int(k.split("_")[1]) for k in keys if k.startswith("decode_"))})
+    prefill = sorted({*work.prefill, *(int(k.split("_")[1]) for k in keys if k.startswith("prefill_"))})
+    for n in streams:
         metrics.append((f"decode_{n}", f"decode, {n} stream{'s' if n > 1 else ''}, tok/s", True,
                         1.0 if n == 1 else 1.5))
-    for length in work.prefill:
+    for length in prefill:
         metrics.append((f"prefill_{length}", f"prefill {length} tokens, tok/s", True, 1.2))
     rows = []
     for key, label, higher, target in metrics:

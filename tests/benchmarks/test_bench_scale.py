@@ -108,6 +108,8 @@ def test_metric_rows_take_medians_ratios_and_the_issues_targets() -> None:
     load = rows["Arbor: Engine() on a cold file, s (target <= 3 s)"]
     assert load["arbor"] == 4.0 and "llama.cpp" not in load and "arbor / llama.cpp" not in load
     assert rows["cold start to first token, s"]["arbor / llama.cpp"] == pytest.approx(4.0)
+    later = {"arbor": [*arbor, {"prefill_4096": 100.0}], "llama.cpp": llama}  # a round with another size
+    assert metric_rows(later, work)[-1] == {"figure": "prefill 4096 tokens, tok/s", "arbor": 100.0}
     alone = metric_rows({"arbor": arbor}, work)  # no peer: figures, no ratios
     assert all("arbor / llama.cpp" not in row for row in alone) and alone[0]["arbor"] == 8.0
 
