@@ -24,6 +24,14 @@ experts of 1024, top-2, tied embeddings, the default model's tokenizer) and the 
 the same shape with one MLP of 2048 (the same active parameters), each served by an
 ``Engine`` (fp32 and int4), decoding ``--new-tokens`` tokens after an 8-token prompt for
 each of a batch of 1 or 32 requests; prints tokens/s (prefill included), sides interleaved.
+
+``--llama-env FILE``: against llama.cpp on the same GGUF. ``bench_scale.py``'s random
+Mixtral-style file (``--shape moe``: hidden 2048, 8 layers, 8 experts of 2048, top-2, in
+llama.cpp's stacked ``*_exps`` layout; ``--type`` Q4_0 or Q8_0), both engines on it through
+``bench_scale``'s interleaved runner: decode at 1 / 8 / 32 streams, prefill of 512 tokens,
+start to first token and peak RSS, each side's median, ratios Arbor / llama.cpp.
+
+    .venv/bin/python benchmarks/bench_moe.py --llama-env llama.cpp-build/llama.cpp.env --type Q4_0
 """
 
 
@@ -198,6 +206,20 @@ def engine_main(args: argparse.Namespace) -> None:
                                                     "args": vars(args), "rows": rows}))
 
 
+def llama_main(args: argparse.Namespace) -> None:
+    """The MoE file against llama.cpp: bench_scale's runner on its ``moe`` shape."""
+    import bench_scale
+
+    shape = bench_scale.SHAPES["moe"]
+    streams = args.batches or [1, 8, 32]
+    title = (f"Mixture of experts against llama.cpp on one GGUF: {shape.experts} experts, top-{shape.experts_used}, "
+             f"{args.type}")
+    bench_scale.main(["--shape", "moe", "--type", args.type, "--dir", str(args.dir), "--llama-env",
+                      str(args.llama_env), "--rounds", str(args.rounds), "--threads", str(args.threads or 2),
+                      "--streams", *map(str, streams), "--prefill", "512",
+                      "--name", f"bench_moe_llama_cpp_{args.type}", "--title", title])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hidden", type=int, default=1024)
@@ -205,13 +227,24 @@ def main() -> None:
     ap.add_argument("--experts", type=int, default=8)
     ap.add_argument("--top-k", type=int, default=2)
     ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--batches", type=int, nargs="+", default=None, help="batches (default 1 32; with "
+                    "--llama-env: decode streams, default 1 8 32)")
     ap.add_argument("--formats", nargs="+", default=["fp32", "int8", "int4"], choices=["fp32", "int8", "int4"])
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--threads", type=int, default=None, help="torch / OpenMP threads (default: torch's)")
     ap.add_argument("--engine", action="store_true", help="end to end: Engine decode of two random models")
     ap.add_argument("--new-tokens", type=int, default=32, help="--engine: tokens decoded per request")
+    ap.add_argument("--llama-env", type=Path, default=None, help="against llama.cpp on one GGUF: the env file "
+                    "benchmarks/peers/build_llama_cpp.sh wrote")
+    ap.add_argument("--type", choices=["Q4_0", "Q8_0"], default="Q4_0", help="--llama-env: the file's blocks")
+    ap.add_argument("--dir", type=Path, default=Path("/tmp/arbor-bench-scale"), help="--llama-env: where the "
+                    "file is (written when missing)")
+    ap.add_argument("--rounds", type=int, default=2, help="--llama-env: rounds, sides alternated")
     args = ap.parse_args()
+    if args.llama_env is not None:
+        llama_main(args)
+        return
+    args.batches = args.batches or [1, 32]
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     args.threads = torch.get_num_threads()

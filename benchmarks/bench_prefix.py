@@ -14,6 +14,13 @@ running requests' inter-token latency p99 (per-token timestamps from
 3x).
 
     .venv/bin/python benchmarks/bench_prefix.py [--quick] [--skip-hf] [--chunk 32]
+        [--llama-env llama.cpp-build/llama.cpp.env]
+
+``--llama-env`` adds llama.cpp's own batched engine to part 1, on the default model's GGUF
+file: ``llama-batched-bench -pps`` (N sequences on one shared prompt of P + S tokens,
+prefilled once, then O decode steps of all of them; its prefill + decode time, the
+threads torch uses here). Its shared prompt includes the suffixes, so llama.cpp prefills
+S x (N - 1) fewer tokens than the requests hold: slightly in its favour.
 """
 
 from __future__ import annotations
@@ -102,6 +109,17 @@ def run_hf(model_dir: str, prompts: list[list[int]], s: Sizes) -> float:
     return seconds
 
 
+def run_llama_shared(env: Path, s: Sizes, threads: int) -> float:
+    """Seconds of llama.cpp's batched engine on part 1's shape, the prompt shared."""
+    from peer_llama import LlamaTools, batched_command, parse_batched_bench, run_process
+
+    from runtime.model.default_model import default_gguf_file
+
+    cmd = batched_command(LlamaTools.from_env(env), default_gguf_file(), threads, s.prefix_len + s.suffix_len,
+                          s.output_len, [s.num_requests], shared_prompt=True)
+    return parse_batched_bench(run_process(cmd).stdout)[s.num_requests]["total_s"]
+
+
 # ---- part 2: latency under mixed load --------------------------------------------------------
 async def stream(engine: Engine, ids: list[int], n: int, stamps: list[float],
                  started: asyncio.Event | None = None) -> None:
@@ -153,6 +171,8 @@ def main() -> None:
     ap.add_argument("--skip-hf", action="store_true", help="skip the HF transformers baseline")
     ap.add_argument("--chunk", type=int, default=None,
                     help="chunked_prefill_size for part 2 (default: the engine's default)")
+    ap.add_argument("--llama-env", type=Path, default=None,
+                    help="part 1 also on llama-batched-bench (the env file build_llama_cpp.sh wrote)")
     args = ap.parse_args()
     s = QUICK if args.quick else FULL
     print(reproduce_line())
@@ -175,6 +195,10 @@ def main() -> None:
     else:
         print(f"  HF generate {hf:7.2f} s   -> {part1['speedup_vs_hf']:.2f}x (target >= 5x)")
     print(f"  same tokens with cache on and off: {same}")
+    if args.llama_env is not None:
+        llama = run_llama_shared(args.llama_env, s, torch.get_num_threads())
+        part1.update(llama_batched_s=llama, speedup_vs_llama=llama / on["seconds"])
+        print(f"  llama-batched-bench -pps {llama:5.2f} s   -> {part1['speedup_vs_llama']:.2f}x")
 
     part2 = run_mixed(s, args.chunk)
     print(f"mixed load: {s.num_running} decoding ({s.running_output_len} tokens each) + one "

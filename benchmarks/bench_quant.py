@@ -18,6 +18,14 @@ one side after another (one model in memory at a time), on the same prompts. lla
 saying so, when ``llama_cpp`` is not importable (``pip install -e '.[bench]'``; it builds
 from source, ~7 min with ``CMAKE_ARGS="-DGGML_NATIVE=ON"``).
 
+``--llama-env FILE`` (the env file of ``benchmarks/peers/build_llama_cpp.sh``) measures
+llama.cpp with its own batched engine instead: ``llama-batched-bench`` on the same file, the
+same prompt lengths, token counts and sequence counts, its time from the first prompt token
+to the last decoded one (prefill and decode, as Arbor's ``generate`` is timed): b1 one
+sequence, b32 32 sequences decoding in one batch, prefix 16 sequences on one shared
+prompt of 528 tokens prefilled once (``-pps``; the 16 own tokens of each request are not
+separate there, which favours llama.cpp slightly).
+
     .venv/bin/python benchmarks/bench_quant.py [--formats fp32 int8 int4 gguf] [--repeats 3]
         [--threads 2] [--skip-llama] [--skip-memory] [--workloads b1 b32 prefix]
 
@@ -158,6 +166,23 @@ def make_runs(args: argparse.Namespace) -> dict[str, list[tuple[Workload, int]]]
     return {w: [WORKLOADS[w](prompts, args) for _ in range(args.repeats)] for w in args.workloads}
 
 
+def run_llama_tools(env: Path, gguf: str, args: argparse.Namespace,
+                    runs: dict[str, list[tuple[Workload, int]]]) -> dict[str, list[float]]:
+    """llama.cpp's batched engine on the workloads' shapes, one ``llama-batched-bench``
+    process per run: seconds from the first prompt token to the last decoded token."""
+    from peer_llama import LlamaTools, batched_command, parse_batched_bench, run_process
+
+    tools = LlamaTools.from_env(env)
+    seconds: dict[str, list[float]] = {}
+    for w, reps in runs.items():
+        prompts, new_tokens = reps[0]
+        cmd = batched_command(tools, Path(gguf), args.threads, len(prompts[0]), new_tokens, [len(prompts)],
+                              shared_prompt=w == "prefix")
+        seconds[w] = [parse_batched_bench(run_process(cmd).stdout)[len(prompts)]["total_s"] for _ in reps]
+    print(f"  llama.cpp (llama-batched-bench {tools.commit}): done (load {load_average()})", flush=True)
+    return seconds
+
+
 def run_side(name: str, kind: str, arg: str, args: argparse.Namespace,
              runs: dict[str, list[tuple[Workload, int]]]) -> dict[str, list[float]]:
     """Start one side in a fresh process, warm it up with one run of every workload on
@@ -246,13 +271,15 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-llama", action="store_true")
     ap.add_argument("--skip-memory", action="store_true")
+    ap.add_argument("--llama-env", type=Path, default=None, help="llama.cpp through its own llama-batched-bench "
+                    "(the env file benchmarks/peers/build_llama_cpp.sh wrote) instead of llama-cpp-python")
     args = ap.parse_args()
     print(reproduce_line())
     from runtime.model.default_model import default_gguf_file
 
     gguf = str(default_gguf_file())
-    with_llama = not args.skip_llama and llama_cpp_available()
-    if not with_llama:
+    with_llama = not args.skip_llama and args.llama_env is None and llama_cpp_available()
+    if not with_llama and args.llama_env is None:
         print("llama.cpp: skipped (" + ("--skip-llama" if args.skip_llama else
               "llama_cpp not importable: pip install -e '.[bench]'") + ")")
     runs = make_runs(args)
@@ -261,6 +288,8 @@ def main() -> None:
         sides.append(("llama.cpp", "llama", gguf))
     print("running each side in turn:")
     seconds = {name: run_side(name, kind, arg, args, runs) for name, kind, arg in sides}
+    if args.llama_env is not None and not args.skip_llama:
+        seconds["llama.cpp"] = run_llama_tools(args.llama_env, gguf, args, runs)
     rows = [_report(w, len(reps[0][0]) * reps[0][1], {n: seconds[n][w] for n in seconds})
             for w, reps in runs.items()]
     memory = {} if args.skip_memory else run_memory(args, gguf, with_llama)

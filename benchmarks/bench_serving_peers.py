@@ -54,6 +54,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_serving as bs  # noqa: E402
 from common import RESULTS, load_average, reproduce_line, save_result  # noqa: E402
+from peer_llama import read_env  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -348,12 +349,6 @@ def parse_side(spec: str) -> Side:
     if not name:
         raise argparse.ArgumentTypeError(f"--arbor wants NAME=FLAGS, got {spec!r}")
     return Side(name, "arbor", tuple(shlex.split(flags)))
-
-
-def read_env(path: Path) -> dict[str, str]:
-    """KEY=VALUE lines of the file build_llama_cpp.sh writes."""
-    pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
-    return {k.strip(): v.strip() for k, v in pairs}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
