@@ -100,6 +100,7 @@ def test_the_tokenizer_of_the_real_shape_files_equals_transformers(vocab: int, t
 # ---- arbor serve on a family's GGUF ------------------------------------------------------
 MESSAGES: list[Any] = [{"role": "user", "content": "Name a colour."}]
 STOP_AT = 3  # the greedy token generated at this step is written as the file's end-of-turn id
+SLOW_SERVE = {"llama3", "mistral", "phi3", "gemma2"}  # ~9 s each; qwen3 and gemma3 stay fast
 
 
 @pytest.fixture(scope="module")
@@ -109,16 +110,51 @@ def default_gguf() -> Iterator[GGUFFile]:
     file.close()
 
 
-@pytest.mark.parametrize(("name", "template"), [("qwen3", None), ("gemma3", GEMMA_TEMPLATE)])
-def test_arbor_serve_uses_the_files_template_and_stop_token(name: str, template: str | None, tmp_path: Path,
+# Small faithful versions of the templates each family's own files carry. Their markers
+# are not single tokens of the test vocabulary (SmolLM2's) except ChatML's: they are
+# plain text there, rendered and counted the same way by the file's tokenizer and the server.
+QWEN3_TEMPLATE = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+                  "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+                  "{% if enable_thinking is defined and enable_thinking is false %}"
+                  "{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}{% endif %}")
+LLAMA3_TEMPLATE = ("{% for m in messages %}{% set content = '<|start_header_id|>' + m['role'] + "
+                   "'<|end_header_id|>\\n\\n' + m['content'] | trim + '<|eot_id|>' %}"
+                   "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}"
+                   "{% endfor %}{% if add_generation_prompt %}"
+                   "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}")
+MISTRAL_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}"
+                    "{{ '[INST] ' + m['content'] + ' [/INST]' }}{% elif m['role'] == 'assistant' %}"
+                    "{{ m['content'] + eos_token }}{% endif %}{% endfor %}")
+PHI3_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ '<|system|>\\n' + m['content'] + "
+                 "'<|end|>\\n' }}{% elif m['role'] == 'user' %}{{ '<|user|>\\n' + m['content'] + '<|end|>\\n' }}"
+                 "{% elif m['role'] == 'assistant' %}{{ '<|assistant|>\\n' + m['content'] + '<|end|>\\n' }}"
+                 "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}"
+                 "{% else %}{{ eos_token }}{% endif %}")
+# family -> (its template, how the rendered prompt ends, chat_template_kwargs of the call)
+FAMILY_CHAT: dict[str, tuple[str, str, dict[str, Any]]] = {
+    # thinking off, as Qwen 3's template writes it (an empty span): else the server opens one
+    "qwen3": (QWEN3_TEMPLATE, "<|im_start|>assistant\n<think>\n\n</think>\n\n", {"enable_thinking": False}),
+    "llama3": (LLAMA3_TEMPLATE, "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n", {}),
+    "mistral": (MISTRAL_TEMPLATE, "[INST] Name a colour. [/INST]", {}),
+    "phi3": (PHI3_TEMPLATE, "<|end|>\n<|assistant|>\n", {}),
+    "gemma2": (GEMMA_TEMPLATE, "<start_of_turn>model\n", {}),
+    "gemma3": (GEMMA_TEMPLATE, "<start_of_turn>model\n", {}),
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if n in SLOW_SERVE else [])
+                                  for n in FAMILY_CHAT])
+def test_arbor_serve_uses_the_files_template_and_stop_token(name: str, tmp_path: Path,
                                                             default_gguf: GGUFFile) -> None:
-    """A Qwen 3 file (ChatML, the template Qwen's files carry) and a Gemma 3 file (Gemma's
-    turns) served by a real ``arbor serve``: the chat call's prompt is exactly the file's
+    """Each family's GGUF carrying its own chat template (Qwen 3's ChatML with thinking
+    off, Llama 3's headers, Mistral's ``[INST]``, Phi-3's ``<|user|>``, Gemma's turns)
+    served by a real ``arbor serve``: the chat call's prompt is exactly the file's
     template rendered by the file's tokenizer (its token count, and a greedy answer equal to
     transformers' continuation of that rendering), and generation ends with "stop" on
     the file's ``tokenizer.ggml.eot_token_id``, which is not the EOS id."""
     import openai
 
+    template, ending, kwargs = FAMILY_CHAT[name]
     hf_dir = _save(name, tmp_path / "hf")
     arch, permute = GGUF_ARCH[name]
     probe = GGUFFile(write_family_gguf(hf_dir, tmp_path / "probe.gguf", arch, default_gguf,
@@ -127,8 +163,8 @@ def test_arbor_serve_uses_the_files_template_and_stop_token(name: str, template:
         tokenizer = gguf_tokenizer(probe)
     finally:
         probe.close()
-    rendered = tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
-    assert rendered.endswith("<start_of_turn>model\n" if template else "<|im_start|>assistant\n")
+    rendered = tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True, **kwargs)
+    assert rendered.endswith(ending), rendered
     ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
     want, _ = hf_greedy(hf_dir, ids, 8)
     stop = want[STOP_AT]
@@ -139,7 +175,8 @@ def test_arbor_serve_uses_the_files_template_and_stop_token(name: str, template:
     proc, url = start_server(path, "--num-pages", "256", "--max-model-len", "256")
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
-        got = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=16, temperature=0)
+        got = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=16, temperature=0,
+                                             extra_body={"chat_template_kwargs": kwargs} if kwargs else None)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
