@@ -25,6 +25,7 @@ def debug_enabled() -> bool:
 
 def step_trace_path() -> Path | None:
     """``ARBOR_STEP_TRACE=FILE``: the engine appends one JSON line per step to FILE (its
-    rows, measured and predicted seconds), to find where a latency tail comes from."""
+    rows, the step's wall time and the cost model's prediction), to find where a latency tail
+    comes from."""
     value = os.environ.get("ARBOR_STEP_TRACE")
     return Path(value) if value else None

@@ -55,15 +55,7 @@ class CpuDecodeAttention:
         batch, heads, dim = q.shape
         window_arg, cap_arg = window_and_softcap(window, softcap)
         num_slots, kv_heads, _ = k_buffer.shape
-        if not (k_buffer.is_contiguous() and v_buffer.is_contiguous()) or v_buffer.shape != k_buffer.shape:
-            raise ValueError("k_buffer and v_buffer must be contiguous [num_slots, Hkv, D] of one shape")
-        if k_buffer.dtype not in KV_KINDS or v_buffer.dtype != k_buffer.dtype:
-            raise ValueError(f"the KV pool must be fp32, int8 or fp8 e4m3 (both alike), got "
-                             f"{k_buffer.dtype} / {v_buffer.dtype}")
-        kind = KV_KINDS[k_buffer.dtype]
-        scale_ptrs = scale_pointers(kind, k_scale, v_scale, (num_slots, kv_heads))
-        if k_buffer.shape[2] != dim or heads % kv_heads:
-            raise ValueError(f"q {tuple(q.shape)} does not fit a KV pool of {tuple(k_buffer.shape)}")
+        kind, scale_ptrs = check_kv_pool(q, k_buffer, v_buffer, k_scale, v_scale)
         if page_table.dtype != torch.int32 or seq_lens.dtype != torch.int32:
             raise ValueError("page_table and seq_lens must be int32")
         if page_table.shape[0] != batch or seq_lens.shape != (batch,):
@@ -86,6 +78,23 @@ class CpuDecodeAttention:
         if status != 0:
             raise ValueError(f"decode attention kernel refused its arguments (status {status})")
         return out, lse
+
+
+def check_kv_pool(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
+                  k_scale: torch.Tensor | None, v_scale: torch.Tensor | None) -> tuple[int, tuple[int, int]]:
+    """The pool's kind for the C kernels (``KV_KINDS``) and its scale pointers, after checking
+    that K and V are one contiguous ``[num_slots, Hkv, D]`` pool that fits ``q`` ``[*, Hq, D]``."""
+    if not (k_buffer.is_contiguous() and v_buffer.is_contiguous()) or v_buffer.shape != k_buffer.shape:
+        raise ValueError("k_buffer and v_buffer must be contiguous [num_slots, Hkv, D] of one shape")
+    if k_buffer.dtype not in KV_KINDS or v_buffer.dtype != k_buffer.dtype:
+        raise ValueError(f"the KV pool must be fp32, int8 or fp8 e4m3 (both alike), got "
+                         f"{k_buffer.dtype} / {v_buffer.dtype}")
+    num_slots, kv_heads, _ = k_buffer.shape
+    kind = KV_KINDS[k_buffer.dtype]
+    scale_ptrs = scale_pointers(kind, k_scale, v_scale, (num_slots, kv_heads))
+    if k_buffer.shape[2] != q.shape[2] or q.shape[1] % kv_heads:
+        raise ValueError(f"q {tuple(q.shape)} does not fit a KV pool of {tuple(k_buffer.shape)}")
+    return kind, scale_ptrs
 
 
 def window_and_softcap(window: int | None, softcap: float | None) -> tuple[int, float]:

@@ -20,7 +20,7 @@ from kernels.cpu.decode_attention import (
     KV_KINDS,
     MAX_DIM,
     MAX_HEADS,
-    scale_pointers,
+    check_kv_pool,
     window_and_softcap,
 )
 
@@ -63,15 +63,7 @@ class CpuExtendAttention:
         num_tokens, heads, dim = q.shape
         num_slots, kv_heads, _ = k_buffer.shape
         window_arg, cap_arg = window_and_softcap(window, softcap)
-        if not (k_buffer.is_contiguous() and v_buffer.is_contiguous()) or v_buffer.shape != k_buffer.shape:
-            raise ValueError("k_buffer and v_buffer must be contiguous [num_slots, Hkv, D] of one shape")
-        if k_buffer.dtype not in KV_KINDS or v_buffer.dtype != k_buffer.dtype:
-            raise ValueError(f"the KV pool must be fp32, int8 or fp8 e4m3 (both alike), got "
-                             f"{k_buffer.dtype} / {v_buffer.dtype}")
-        kind = KV_KINDS[k_buffer.dtype]
-        scale_ptrs = scale_pointers(kind, k_scale, v_scale, (num_slots, kv_heads))
-        if k_buffer.shape[2] != dim or heads % kv_heads:
-            raise ValueError(f"q {tuple(q.shape)} does not fit a KV pool of {tuple(k_buffer.shape)}")
+        kind, scale_ptrs = check_kv_pool(q, k_buffer, v_buffer, k_scale, v_scale)
         batch = int(extend_lens.shape[0])
         for name, t, shape in (("page_table", page_table, (batch, page_table.shape[-1])),
                                ("prefix_lens", prefix_lens, (batch,)), ("extend_lens", extend_lens, (batch,)),

@@ -166,13 +166,20 @@ def test_q6_k_weights_beside_4_bit_ones(tiles: bool, tiny_llama_256_dir: Path) -
     for layer, weight in zip(model.layers, down, strict=True):
         layer.mlp.down_proj = QuantizedLinear(weight)
     model.lm_head = QuantizedLinear(head)
+    _fused_equals_eager_on_a_mix(model, tiles, head_bits=6)
+
+
+def _fused_equals_eager_on_a_mix(model: torch.nn.Module, tiles: bool, head_bits: int) -> None:
+    """A model of mixed weight formats (tiled first where ``tiles``; the LM head then holds
+    ``head_bits``-bit tiles): the fused step's logits equal the layer-by-layer path's, bit for
+    bit, over a prefill and two decode steps."""
     if tiles:
         native = kernels.dispatch._cpu_in_use()
         assert native is not None
         if not native.quant_linear.tiles:
             pytest.skip(f"environment: this CPU's kernels ({native.quant_linear.path}) do not tile")
         prepare_quantized(model)
-        assert model.lm_head.weight.tiled and model.lm_head.weight.bits == 6
+        assert model.lm_head.weight.tiled and model.lm_head.weight.bits == head_bits
     eager, fused = _runners(model, 4, torch.float32)
     seqs = Seqs(_prompts([9, 300, 2]), 4)
     with torch.inference_mode():
@@ -204,23 +211,7 @@ def test_5_bit_weights_beside_4_and_8_bit_ones(tiles: bool, tiny_llama_dir: Path
         layer.self_attn.o_proj = QuantizedLinear(o)
         layer.mlp.gate_up_proj = QuantizedLinear(quantize_int8(weight, blocks_per_group=1))
     model.lm_head = QuantizedLinear(head)
-    if tiles:
-        native = kernels.dispatch._cpu_in_use()
-        assert native is not None
-        if not native.quant_linear.tiles:
-            pytest.skip(f"environment: this CPU's kernels ({native.quant_linear.path}) do not tile")
-        prepare_quantized(model)
-        assert model.lm_head.weight.tiled and model.lm_head.weight.bits == 5
-    eager, fused = _runners(model, 4, torch.float32)
-    seqs = Seqs(_prompts([9, 300, 2]), 4)
-    with torch.inference_mode():
-        new = eager.forward(seqs.prefill()).logits.argmax(dim=-1).tolist()
-        fused.forward(seqs.prefill())
-        for _ in range(2):
-            batch = seqs.decode(new)
-            want = eager.forward(batch)
-            assert torch.equal(fused.forward(batch).logits, want.logits)
-            new = want.logits.argmax(dim=-1).tolist()
+    _fused_equals_eager_on_a_mix(model, tiles, head_bits=5)
 
 
 def test_qkv_bias_and_tied_head(tiny_qwen2_dir: Path) -> None:
