@@ -125,7 +125,8 @@ def create_router_app(
     async def metrics_route() -> Response:
         return Response(stats.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    @app.post("/flush_cache", operation_id="flush_cache")
+    @app.get("/flush_cache", operation_id="flush_cache_get")
     async def flush_route(request: Request) -> JSONResponse:
         """SGLang's ``/flush_cache`` on every healthy worker (each has its own prefix cache);
         the policy forgets what it knew of their caches."""

@@ -231,7 +231,8 @@ def build_router(ctx: ServerContext) -> APIRouter:
         return {**settings, "served_model_name": ctx.model_name, "context_length": engine.max_model_len,
                 "internal_states": [engine.metrics()], "version": _version(), "frontend": "arbor"}
 
-    @router.api_route("/flush_cache", methods=["GET", "POST"])
+    @router.post("/flush_cache", operation_id="flush_cache")
+    @router.get("/flush_cache", operation_id="flush_cache_get")
     async def flush_cache() -> PlainTextResponse:
         freed = await asyncio.to_thread(engine.flush_cache)
         return PlainTextResponse(f"Cache flushed.\n{freed} pages freed (pages of running requests stay).\n")
