@@ -17,8 +17,9 @@ import pydantic
 
 from frontend_dsl.backend import Backend, GenChunk, GenParams
 from frontend_dsl.errors import GenerationError
+from runtime.server.api.common.wire import ConstraintSpec, RetentionHint
+from runtime.server.api.sglang.schema import NativeSamplingParams
 from runtime.server.client import ArborClient, ServerError
-from runtime.server.protocol import ConstraintSpec, NativeSamplingParams, RetentionHint
 
 log = logging.getLogger("arbor.dsl")
 # The engine's own default for in-process runs (EngineConfig.retention_ttl_s).

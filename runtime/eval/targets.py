@@ -155,7 +155,7 @@ class ServerTarget:
         return self._loop.run_until_complete(coro)
 
     async def _gen(self, ids: list[int], **params: Any) -> Any:
-        from runtime.server.protocol import NativeSamplingParams
+        from runtime.server.api.sglang.schema import NativeSamplingParams
 
         async with self._limit:
             return await self.client.generate(ids, NativeSamplingParams(temperature=0.0, **params))

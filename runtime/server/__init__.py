@@ -1,9 +1,10 @@
-"""HTTP serving: native ``/generate``, the OpenAI-compatible API, compiled programs,
+"""HTTP serving: every API family (``api/``: native ``/generate`` and SGLang's protocol,
+OpenAI chat / completions / Responses / embeddings, Anthropic Messages, hosted programs),
 ``/metrics`` and ``/health`` around one engine (``create_app``), and a typed client.
 
-The package splits into the app (``app`` and the route modules, on FastAPI) and the parts
-a client or a program host imports without it: the wire schemas (``protocol``), the
-client (``client``) and the hosting protocol for programs (``hosting``). So that importing
+The package splits into the app (``app`` and the families' ``routes`` modules, on FastAPI)
+and the parts a client or a program host imports without it: the wire schemas
+(``api/<family>/schema.py``, ``api/common/``), the client (``client``) and the hosting protocol for programs (``hosting``). So that importing
 those stays light, ``create_app`` and ``ServerLimits`` are loaded here on first use.
 """
 

@@ -1,10 +1,11 @@
 """``create_app``: the FastAPI app around one engine.
 
-The app only translates between wire schemas (``protocol.py``) and engine requests; the
-engine's own background thread runs every step. Middleware, outermost first: the version
-headers (``X-Arbor-Model``, ``X-Arbor-Config-Version``) on every answer, body size limit
-(413) and lone-surrogate check (400), API key (401, all routes but ``/health``; ``/ui``
-also by cookie). Tenant and priority come from each request (``tenants.py``).
+The app only mounts the API families (``API_FAMILIES``: each ``api/<family>/routes.py``
+translates its wire schemas into engine requests and back); the engine's own background
+thread runs every step. Middleware, outermost first: the version headers
+(``X-Arbor-Model``, ``X-Arbor-Config-Version``) on every answer, body size limit (413) and
+lone-surrogate check (400), API key (401, all routes but ``/health``; ``/ui`` also by
+cookie). Tenant and priority come from each request (``tenants.py``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,14 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
 from runtime.engine import Engine
-from runtime.server import native_api, openai_api, programs_api, ui
-from runtime.server.api import anthropic_routes, embeddings_routes, responses_routes, sglang_routes
+from runtime.server import ui
+from runtime.server.api.anthropic import routes as anthropic_routes
+from runtime.server.api.embeddings import routes as embeddings_routes
+from runtime.server.api.native import routes as native_routes
+from runtime.server.api.openai import routes as openai_routes
+from runtime.server.api.programs import routes as programs_routes
+from runtime.server.api.responses import routes as responses_routes
+from runtime.server.api.sglang import routes as sglang_routes
 from runtime.server.auth import UI_COOKIE, ApiKeyMiddleware, ui_token
 from runtime.server.errors import install_error_handlers
 from runtime.server.hosting import HostedProgram
@@ -25,6 +32,19 @@ from runtime.server.limits import AdmissionGate, BodyLimitMiddleware, ServerLimi
 from runtime.server.metrics import ServerMetrics
 from runtime.server.serving import ServerContext
 from runtime.server.versions import VersionHeadersMiddleware, VersionLabels
+
+# Every API the server speaks, mounted in this order: each is ``api/<family>/routes.py``
+# with ``build_router(ctx)``; adding an API is one folder and one entry here
+# (tests/test_architecture.py checks both).
+API_FAMILIES = (
+    sglang_routes,  # /generate (Arbor's fields and SGLang's), SGLang's info endpoints
+    native_routes,  # tokenizer endpoints, sessions, engine metrics
+    openai_routes,  # /v1/completions, /v1/chat/completions, /v1/models
+    responses_routes,  # /v1/responses
+    anthropic_routes,  # /v1/messages
+    embeddings_routes,  # /v1/embeddings
+    programs_routes,  # /programs
+)
 
 
 def create_app(
@@ -64,14 +84,9 @@ def create_app(
     app = FastAPI(title="Arbor", lifespan=lifespan)
     app.state.ctx = ctx
     install_error_handlers(app, ctx)
-    app.include_router(sglang_routes.build_router(ctx))  # /generate (Arbor's and SGLang's fields)
-    app.include_router(native_api.build_router(ctx))
-    app.include_router(openai_api.build_router(ctx))
-    app.include_router(responses_routes.build_router(ctx))
-    app.include_router(anthropic_routes.build_router(ctx))
-    app.include_router(embeddings_routes.build_router(ctx))
-    app.include_router(programs_api.build_router(ctx))
-    app.include_router(programs_api.build_router(ctx), prefix="/ui/api")  # the page's form (cookie auth)
+    for family in API_FAMILIES:
+        app.include_router(family.build_router(ctx))
+    app.include_router(programs_routes.build_router(ctx), prefix="/ui/api")  # the page's form (cookie auth)
     app.include_router(ui.build_router(ctx, api_key, UI_COOKIE, ui_token(api_key) if api_key else None))
 
     @app.get("/health")

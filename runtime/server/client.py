@@ -22,15 +22,10 @@ from typing import Any
 
 import httpx
 
-from runtime.server.protocol import (
-    GenerateChunk,
-    GenerateResponse,
-    NativeSamplingParams,
-    ProgramInfo,
-    ProgramResult,
-    RetentionHint,
-    TokenizerInfo,
-)
+from runtime.server.api.common.wire import RetentionHint
+from runtime.server.api.native.schema import TokenizerInfo
+from runtime.server.api.programs.schema import ProgramInfo, ProgramResult
+from runtime.server.api.sglang.schema import GenerateChunk, GenerateResponse, NativeSamplingParams
 
 
 class ServerError(Exception):

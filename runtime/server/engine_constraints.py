@@ -1,5 +1,5 @@
 """Engine constraints (``SamplingParams.constraint``) from what a client sent: a native
-``constraint`` object (``protocol.ConstraintSpec``) or an OpenAI ``response_format`` /
+``constraint`` object (``api/common/wire.py`` ``ConstraintSpec``) or an OpenAI ``response_format`` /
 forced tool-call schema. The result is a ``grammars`` constraint object, validated before
 the engine sees it; ``check_info`` carries the engine's verdict on the output back.
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import grammars
 from runtime.output.request_output import ConstraintCheck
-from runtime.server.protocol import ConstraintCheckInfo, ConstraintSpec
+from runtime.server.api.common.wire import ConstraintCheckInfo, ConstraintSpec
 
 
 def from_spec(spec: ConstraintSpec) -> Any:

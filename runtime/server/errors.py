@@ -33,7 +33,7 @@ from runtime.errors import (
     PromptTooLongError,
 )
 from runtime.output.request_output import GRAMMAR_ERROR, RequestOutput
-from runtime.server.api.fields import unknown_message
+from runtime.server.api.common.fields import unknown_message
 from runtime.server.hosting import ProgramLimitExceededError, ProgramRunFailedError
 from runtime.server.limits import Overloaded, error_body
 from runtime.server.serving import (
@@ -121,7 +121,7 @@ def install_error_handlers(app: FastAPI, ctx: ServerContext) -> None:
         errors = exc.errors()
         if any(e.get("type") == "json_invalid" for e in errors):
             return answer(400, "invalid_json", f"malformed JSON body: {_describe(errors)}")
-        if all(e.get("type") == "extra_forbidden" for e in errors):  # api/fields.py: unknown is a 400
+        if all(e.get("type") == "extra_forbidden" for e in errors):  # api/common/fields.py: unknown is a 400
             paths = [".".join(str(p) for p in e.get("loc", ()) if p != "body" and not _is_union_tag(p))
                      for e in errors]
             return answer(400, "unknown_field", unknown_message(paths))

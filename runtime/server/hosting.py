@@ -6,7 +6,7 @@ The server knows no program language. A program it hosts is any object that sati
 object in it. The dependency points one way: the DSL imports this module, never the
 reverse. This module imports no web framework, so a host implementation stays light.
 
-One run, as the server drives it (``programs_api``):
+One run, as the server drives it (``api/programs/routes.py``):
 
     program.validate_arguments(arguments)        -> arguments, or InvalidArgumentsError (422)
     async for event in program.run_hosted(engine, arguments):

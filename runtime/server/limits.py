@@ -50,7 +50,7 @@ class ServerLimits:
     # abort the rest and exit 0.
     shutdown_timeout_s: float = 30.0
     # A request field the server does not understand: "error" (400 naming it) or "warn"
-    # (ignored, named in the X-Arbor-Ignored-Fields answer header); see api/fields.py.
+    # (ignored, named in the X-Arbor-Ignored-Fields answer header); see api/common/fields.py.
     unknown_fields: str = "error"
     # A request body not received whole within this many seconds of its headers is
     # answered 408 (a client that trickles or stalls its body holds no connection forever).

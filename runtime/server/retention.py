@@ -10,7 +10,7 @@ from __future__ import annotations
 from runtime.cache.retention import MAX_SESSION_ID_LEN, Retention
 from runtime.config import EngineConfig
 from runtime.errors import InvalidRequestError
-from runtime.server.protocol import RetentionHint
+from runtime.server.api.common.wire import RetentionHint
 
 ANONYMOUS = "anonymous"  # the owner of requests that name no tenant
 MAX_HINT_ID_LEN = 128

@@ -10,7 +10,8 @@ from frontend_dsl.backend import GenParams
 from frontend_dsl.errors import GenerationError
 from frontend_dsl.output_constraint import make_constraint
 from frontend_dsl.runtime_endpoint import wire_params
-from runtime.server.protocol import ConstraintSpec, NativeSamplingParams
+from runtime.server.api.common.wire import ConstraintSpec
+from runtime.server.api.sglang.schema import NativeSamplingParams
 
 
 def test_every_gen_setting_goes_on_the_wire() -> None:

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.model.families import FAMILIES
-from runtime.server.formats import partial_suffix
-from runtime.server.protocol import ChatTool, ToolCallFunction, ToolCallOut
+from runtime.server.api.common.messages import ChatTool, ToolCallFunction, ToolCallOut
+from runtime.server.formats import model_template, partial_suffix
 from runtime.server.serving import new_id
 
 
@@ -106,9 +106,8 @@ def tool_format(family: str | None, template: str | None) -> ToolFormat:
 
 def model_tool_format(engine: Any) -> ToolFormat:
     """The served model's tool-call syntax (its family's, else its template's)."""
-    template = getattr(getattr(engine, "tokenizer", None), "chat_template", None)
-    family = getattr(getattr(getattr(engine, "model", None), "args", None), "family", None)
-    return tool_format(family, template if isinstance(template, str) else None)
+    template, family = model_template(engine)
+    return tool_format(family, template)
 
 
 def renders_tools(template: str | None) -> bool:
@@ -157,6 +156,12 @@ def parse_tool_calls(text: str, tools: list[ChatTool], parallel: bool = True) ->
     ``<tool_call>`` blocks, each to one of ``tools``; empty unless the whole text is calls
     (or, without ``parallel``, unless it is exactly one call)."""
     return JSON.parse(text, tools, parallel)[1]
+
+
+def parse_tool_call(text: str, tools: list[ChatTool]) -> ToolCallOut | None:
+    """A tool call if ``text`` is exactly one JSON call to one of ``tools``, else None."""
+    calls = parse_tool_calls(text, tools, parallel=False)
+    return calls[0] if calls else None
 
 
 _TOOL_CALL_BLOCK = re.compile(r"\s*<tool_call>(.*?)</tool_call>\s*", re.S)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from runtime.server.api.common.messages import ChatTool
 from runtime.server.formats.reasoning import THINK, ReasoningStream, reasoning_format
 from runtime.server.formats.tool_calls import (
     HERMES,
@@ -19,7 +20,6 @@ from runtime.server.formats.tool_calls import (
     renders_tools,
     tool_format,
 )
-from runtime.server.protocol import ChatTool
 
 TOOLS = [ChatTool.model_validate({"type": "function", "function": {"name": n, "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}}}}) for n in ("get_weather", "get_time")]

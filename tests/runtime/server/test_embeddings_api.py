@@ -12,7 +12,7 @@ import pytest
 import torch
 from server_helpers import API_KEY
 
-from runtime.server.api.embeddings_schema import MAX_INPUTS
+from runtime.server.api.embeddings.schema import MAX_INPUTS
 
 
 @pytest.fixture()

@@ -12,8 +12,8 @@ import pytest
 from server_helpers import API_KEY
 
 from runtime import SamplingParams
+from runtime.server.api.sglang.schema import NativeSamplingParams
 from runtime.server.client import ArborClient, ServerError
-from runtime.server.protocol import NativeSamplingParams
 
 PROMPT = "Once upon a time"
 

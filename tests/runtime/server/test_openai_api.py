@@ -171,8 +171,8 @@ def test_chat_tools_auto_answers_text_when_the_model_does_not_call(client: opena
 
 
 def test_tool_call_parsing_and_schema() -> None:
-    from runtime.server.openai_chat import parse_tool_call, tool_call_schema
-    from runtime.server.protocol import ChatTool
+    from runtime.server.api.common.messages import ChatTool
+    from runtime.server.formats.tool_calls import parse_tool_call, tool_call_schema
 
     tool = ChatTool.model_validate(WEATHER_TOOL)
     call = parse_tool_call(' <tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>', [tool])

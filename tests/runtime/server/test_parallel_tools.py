@@ -88,8 +88,8 @@ def test_without_parallel_calls_an_answer_is_one_call(
 
 
 def test_auto_answers_parse_lists_and_blocks_of_calls() -> None:
-    from runtime.server.openai_chat import parse_tool_calls
-    from runtime.server.protocol import ChatTool
+    from runtime.server.api.common.messages import ChatTool
+    from runtime.server.formats.tool_calls import parse_tool_calls
 
     tools = [ChatTool.model_validate(t) for t in TOOLS]
     listed = '[{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "get_time", "arguments": {}}]'

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from runtime.server.openai_chat import render_chat
-from runtime.server.protocol import ChatMessageIn
+from runtime.server.api.common.chat import render_chat
+from runtime.server.api.common.messages import ChatMessageIn
 
 CHAT: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 COMPLETION: dict[str, Any] = {"model": "m", "prompt": "hi", "max_tokens": 2}

@@ -1,5 +1,5 @@
 """Unknown is an error, null means the default, and every constraint field of the major
-servers is honoured or refused (``runtime/server/api/fields.py``, ``constraint_fields.py``)."""
+servers is honoured or refused (``runtime/server/api/common/fields.py``, ``constraint_fields.py``)."""
 
 from __future__ import annotations
 

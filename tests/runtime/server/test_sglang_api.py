@@ -1,5 +1,5 @@
 """SGLang's native wire shapes on ``/generate`` and its side routes, by raw HTTP
-(``runtime/server/api/sglang_routes.py``; the real frontend is in test_sglang_frontend.py)."""
+(``runtime/server/api/sglang/routes.py``; the real frontend is in test_sglang_frontend.py)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from runtime.server.api.sglang_schema import SglSamplingParams
-from runtime.server.protocol import NativeSamplingParams
+from runtime.server.api.sglang.schema import NativeSamplingParams, SglSamplingParams
 
 
 def test_per_request_targets_reach_the_engine(http: Any, engine: Any) -> None:

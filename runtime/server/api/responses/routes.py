@@ -8,8 +8,9 @@ json_object) and a forced ``tool_choice`` become the one constraint; with
 ``parallel_tool_calls`` a forced answer is a list of calls. Responses are kept for
 ``previous_response_id`` in a bounded store (``store: false`` keeps none).
 
-NOTE: the chat template rendering and the tool-call schema and parsing are the chat
-layer's (``openai_chat``): one prompt format and one call syntax for both APIs.
+NOTE: the turns are the shared chat ones (``api/common/messages.py``), rendered and parsed
+by the neutral chat layer (``api/common/chat.py``, ``formats/``): one prompt format and one
+call syntax for every API.
 """
 
 from __future__ import annotations
@@ -25,21 +26,18 @@ from runtime.errors import InvalidRequestError
 from runtime.output.request_output import RequestOutput
 from runtime.sampling.params import SamplingParams
 from runtime.server import engine_constraints
-from runtime.server.api import responses_schema as schema
-from runtime.server.api.fields import check_fields
-from runtime.server.errors import raise_if_failed, stream_error_event
-from runtime.server.formats.tool_calls import model_tool_format
-from runtime.server.openai_chat import (
-    calls_list_schema,
-    render_chat,
-)
-from runtime.server.protocol import (
+from runtime.server.api.common.chat import render_chat
+from runtime.server.api.common.fields import check_fields
+from runtime.server.api.common.messages import (
     ChatMessageIn,
     ChatTool,
     FunctionDef,
     ToolCallFunction,
     ToolCallOut,
 )
+from runtime.server.api.responses import schema
+from runtime.server.errors import raise_if_failed, stream_error_event
+from runtime.server.formats.tool_calls import calls_list_schema, model_tool_format
 from runtime.server.serving import (
     EngineStream,
     ServerContext,

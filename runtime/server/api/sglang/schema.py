@@ -13,10 +13,15 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from runtime.server.api.fields import RefusedFields, WireModel, is_empty, is_false
-from runtime.server.protocol import ConstraintSpec, RetentionHint
+from runtime.server.api.common.fields import RefusedFields, WireModel, is_empty, is_false
+from runtime.server.api.common.wire import (
+    ConstraintCheckInfo,
+    ConstraintSpec,
+    RetentionHint,
+    Strict,
+)
 
 
 class SglSamplingParams(WireModel):
@@ -81,6 +86,92 @@ class SglGenerateRequest(WireModel):
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("give exactly one of text or input_ids")
         return self
+
+
+# ---- Arbor's own /generate: the strict subset its typed client sends, and the answer ----
+
+
+class NativeSamplingParams(Strict):
+    """``runtime.SamplingParams`` on the wire (same names, same defaults)."""
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    stop_regex: str | list[str] = Field(default_factory=list)
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: bool = False
+    top_logprobs: int = 0
+    prompt_logprobs: bool = False
+    logprob_start_len: int = Field(default=0, ge=0)  # first prompt position to score
+    skip_special_tokens: bool = True
+    speculation: bool = True
+    ttft_slo: float | None = Field(default=None, gt=0)  # seconds; None: the engine's target
+    itl_slo: float | None = Field(default=None, gt=0)  # seconds; None: the engine's target
+    constraint: ConstraintSpec | None = None
+
+
+class GenerateRequest(Strict):
+    """``POST /generate``: one prompt, as text or token ids."""
+
+    text: str | None = None
+    input_ids: list[int] | None = None
+    sampling_params: NativeSamplingParams = Field(default_factory=lambda: NativeSamplingParams())
+    stream: bool = False
+    timeout: float | None = Field(default=None, gt=0, description="seconds; the server's limit caps it")
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> GenerateRequest:
+        if (self.text is None) == (self.input_ids is None):
+            raise ValueError("give exactly one of text or input_ids")
+        return self
+
+
+class CachedTokensDetails(BaseModel):
+    """Where a prompt's cached tokens came from: ``pool + tier == cached_tokens``."""
+
+    pool: int  # found in the KV pool (the radix tree's pages)
+    tier: int = 0  # reloaded from the host tier beyond the pool; 0 while no tier exists
+
+
+class GenerateMeta(BaseModel):
+    request_id: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    cached_tokens_details: CachedTokensDetails | None = None  # None: a server that does not split
+    e2e_latency: float  # seconds, server side
+    logprobs: list[float] | None = None
+    top_logprobs: list[dict[str, float]] | None = None  # token id (as a string) → logprob
+    prompt_logprobs: list[float | None] | None = None
+    constraint_check: ConstraintCheckInfo | None = None
+
+
+class GenerateResponse(BaseModel):
+    text: str
+    output_ids: list[int]
+    finish_reason: str
+    meta: GenerateMeta
+
+
+class GenerateChunk(BaseModel):
+    """One SSE event of a streamed ``/generate``; the last has ``finish_reason`` and the
+    whole output (``text``, ``output_ids``, ``meta``)."""
+
+    delta_text: str
+    delta_token_ids: list[int]
+    finish_reason: str | None = None
+    text: str | None = None
+    output_ids: list[int] | None = None
+    meta: GenerateMeta | None = None
 
 
 # SGLang sampling / request fields this server knows and does not have (400 unless no-op)

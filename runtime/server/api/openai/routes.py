@@ -2,16 +2,16 @@
 
 Each request becomes ``n`` engine requests per prompt (choice ``i`` gets seed ``seed + i``
 so seeded choices differ yet reproduce). Penalties, ``logit_bias``, ``echo``, ``best_of``
-and ``suffix`` are refused with 400. See ``openai_completions.py`` and ``openai_chat.py``.
+and ``suffix`` are refused with 400. See ``completions.py`` and ``chat.py``.
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from runtime.server.openai_chat import ChatEndpoint, parse_tool_call, tool_call_schema
-from runtime.server.openai_completions import CompletionEndpoint
-from runtime.server.protocol import (
+from runtime.server.api.openai.chat import ChatEndpoint
+from runtime.server.api.openai.completions import CompletionEndpoint
+from runtime.server.api.openai.schema import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionRequest,
@@ -22,8 +22,6 @@ from runtime.server.protocol import (
 from runtime.server.serving import ServerContext
 from runtime.server.sse import EventStreamResponse
 from runtime.server.tenants import caller_of
-
-__all__ = ["build_router", "parse_tool_call", "tool_call_schema"]
 
 
 def build_router(ctx: ServerContext) -> APIRouter:

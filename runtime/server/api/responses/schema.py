@@ -15,7 +15,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from runtime.server.api.fields import IgnoredFields, RefusedFields, WireModel, is_empty, is_false
+from runtime.server.api.common.fields import (
+    IgnoredFields,
+    RefusedFields,
+    WireModel,
+    is_empty,
+    is_false,
+)
 
 # ---- requests ---------------------------------------------------------------------------------
 

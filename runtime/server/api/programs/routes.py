@@ -28,6 +28,8 @@ from fastapi.exceptions import RequestValidationError
 from runtime.engine import Engine
 from runtime.output.request_output import RequestOutput
 from runtime.sampling.params import SamplingParams
+from runtime.server.api.common.wire import Strict
+from runtime.server.api.programs.schema import ProgramInfo, ProgramResult, ProgramsResponse
 from runtime.server.errors import ProgramNotFoundError, stream_error_event
 from runtime.server.hosting import (
     GenerationDone,
@@ -37,7 +39,6 @@ from runtime.server.hosting import (
     ProgramRunFailedError,
 )
 from runtime.server.metrics import NO_PROMPT, ServerMetrics, TokenTimer, prompt_bucket
-from runtime.server.protocol import ProgramInfo, ProgramResult, ProgramsResponse, Strict
 from runtime.server.serving import Admission, RequestTimeoutError, ServerContext, until_disconnect
 from runtime.server.sse import SSE_DONE, EventStreamResponse, sse
 from runtime.server.tenants import Caller, caller_of

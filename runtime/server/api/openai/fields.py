@@ -1,13 +1,13 @@
 """The OpenAI request fields (chat and completions) this server knows but does not use,
-each with why. Every other field is either declared in ``protocol.py`` (honoured, or
-refused there) or unknown (a 400 naming it, ``fields.check_fields``).
+each with why. Every other field is either declared in ``schema.py`` (honoured, or
+refused there) or unknown (a 400 naming it, ``common/fields.check_fields``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from runtime.server.api.fields import IgnoredFields, RefusedFields, is_empty, is_false
+from runtime.server.api.common.fields import IgnoredFields, RefusedFields, is_empty, is_false
 
 
 def _text_only(value: Any) -> bool:

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from runtime.server.api.fields import IgnoredFields, WireModel
+from runtime.server.api.common.fields import IgnoredFields, WireModel
 
 MAX_INPUTS = 2048  # the spec's limit on the items of one request
 

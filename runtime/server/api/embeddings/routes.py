@@ -18,8 +18,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from runtime.errors import InvalidRequestError
-from runtime.server.api import embeddings_schema as schema
-from runtime.server.api.fields import check_fields
+from runtime.server.api.common.fields import check_fields
+from runtime.server.api.embeddings import schema
 from runtime.server.serving import Admission, ServerContext, check_budget, encode_prompt
 from runtime.server.tenants import caller_of
 

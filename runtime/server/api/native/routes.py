@@ -1,5 +1,5 @@
 """Native endpoints: the tokenizer endpoints a remote DSL needs (``POST /generate``, a
-superset of Arbor's and SGLang's fields, is in ``api/sglang_routes.py``).
+superset of Arbor's and SGLang's fields, is in ``api/sglang/routes.py``).
 
     POST /tokenize             text → input_ids (no special tokens unless asked)
     POST /detokenize           token_ids → text (special tokens kept unless asked)
@@ -16,8 +16,7 @@ import asyncio
 from fastapi import APIRouter, Request
 
 from runtime.errors import InvalidRequestError
-from runtime.server.errors import SessionNotFoundError
-from runtime.server.protocol import (
+from runtime.server.api.native.schema import (
     ChatTemplateRequest,
     ChatTemplateResponse,
     DetokenizeRequest,
@@ -27,6 +26,7 @@ from runtime.server.protocol import (
     TokenizeResponse,
     TokenizerInfo,
 )
+from runtime.server.errors import SessionNotFoundError
 from runtime.server.retention import session_key
 from runtime.server.serving import ServerContext
 from runtime.server.tenants import caller_of

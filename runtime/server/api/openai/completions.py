@@ -10,14 +10,14 @@ from fastapi import Request
 
 from runtime.errors import InvalidRequestError
 from runtime.output.request_output import RequestOutput
-from runtime.server.engine_constraints import check_info
-from runtime.server.openai_common import Endpoint, Job, output_constraint, token_text, usage
-from runtime.server.protocol import (
+from runtime.server.api.openai.endpoint import Endpoint, Job, output_constraint, token_text, usage
+from runtime.server.api.openai.schema import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
 )
+from runtime.server.engine_constraints import check_info
 from runtime.server.serving import ServerContext, encode_prompt
 from runtime.server.sse import EventStreamResponse
 from runtime.server.tenants import Caller

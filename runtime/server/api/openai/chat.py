@@ -22,7 +22,6 @@ constraint (response_format, forced calls) starts after it (``SamplingParams.rea
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import Request
@@ -31,42 +30,36 @@ from runtime.errors import InvalidRequestError
 from runtime.output.request_output import RequestOutput
 from runtime.sampling.reasoning import ReasoningSpan
 from runtime.server import engine_constraints
-from runtime.server.formats.reasoning import ReasoningFormat, ReasoningStream, reasoning_format
-from runtime.server.formats.tool_calls import (
-    JSON,
-    ToolCallStream,
-    ToolFormat,
-    calls_list_schema,
-    parse_tool_calls,
-    renders_tools,
-    tool_call_schema,
-    tool_format,
-    tools_prompt,
-)
-from runtime.server.openai_common import Endpoint, Job, output_constraint, token_text, usage
-from runtime.server.protocol import (
+from runtime.server.api.common.chat import render_chat
+from runtime.server.api.common.messages import ChatTool, ToolCallOut
+from runtime.server.api.openai.endpoint import Endpoint, Job, output_constraint, token_text, usage
+from runtime.server.api.openai.schema import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatDelta,
-    ChatMessageIn,
     ChatMessageOut,
-    ChatTool,
     ChoiceLogprobs,
     DeltaToolCall,
     NamedToolChoice,
     TokenLogprob,
-    ToolCallOut,
     TopLogprob,
+)
+from runtime.server.formats import model_template
+from runtime.server.formats.reasoning import ReasoningFormat, ReasoningStream, reasoning_format
+from runtime.server.formats.tool_calls import (
+    ToolCallStream,
+    ToolFormat,
+    calls_list_schema,
+    tool_format,
 )
 from runtime.server.serving import ServerContext, encode_prompt, new_id
 from runtime.server.sse import EventStreamResponse
 from runtime.server.tenants import Caller
 
-__all__ = ["ChatEndpoint", "calls_list_schema", "parse_tool_call", "parse_tool_calls", "render_chat",
-           "tool_call_schema"]
+__all__ = ["ChatEndpoint"]
 
 # chat_template_kwargs the server sets itself
 _RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "tokenize", "add_generation_prompt", "chat_template",
@@ -225,13 +218,6 @@ def _token_entry(tokenizer: Any, token_id: int, logprob: float) -> dict[str, Any
     return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
 
-def model_template(engine: Any) -> tuple[str | None, str | None]:
-    """(chat template, family name) of the served model (what picks its formats)."""
-    template = getattr(getattr(engine, "tokenizer", None), "chat_template", None)
-    args = getattr(getattr(engine, "model", None), "args", None)
-    return (template if isinstance(template, str) else None), getattr(args, "family", None)
-
-
 def _template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
     if kwargs and (reserved := sorted(_RESERVED_TEMPLATE_KWARGS & kwargs.keys())):
         raise InvalidRequestError(f"chat_template_kwargs may not set {', '.join(reserved)} (the server does)")
@@ -272,56 +258,3 @@ class _ChoiceStream:
     def rest(self) -> str:
         """Content held back (an answer that did not turn out to be calls)."""
         return self.tools.rest() if self.tools is not None else ""
-
-
-def render_chat(engine: Any, messages: list[ChatMessageIn], tools: list[ChatTool],
-                add_generation_prompt: bool, parallel: bool = False, fmt: ToolFormat = JSON,
-                template_kwargs: dict[str, Any] | None = None) -> str:
-    """The prompt text: the model's chat template over ``messages``; tools (if any) go to
-    a template that renders them, else they are described in the system message in
-    ``fmt``'s syntax."""
-    template, _ = model_template(engine)
-    native = bool(tools) and fmt is not JSON and renders_tools(template)
-    dicts = [_message_dict(m, native) for m in messages]
-    if tools and not native:
-        note = tools_prompt(fmt, tools, parallel)
-        if dicts[0]["role"] == "system":
-            dicts[0] = {**dicts[0], "content": dicts[0]["content"] + "\n\n" + note}
-        else:
-            dicts.insert(0, {"role": "system", "content": note})
-    specs = [t.model_dump(exclude_none=True) for t in tools] if native else None
-    if specs is None and not template_kwargs:
-        return str(engine.apply_chat_template(dicts, add_generation_prompt=add_generation_prompt))
-    return str(engine.apply_chat_template(dicts, add_generation_prompt=add_generation_prompt, tools=specs,
-                                          template_kwargs=template_kwargs))
-
-
-def _message_dict(m: ChatMessageIn, native: bool = False) -> dict[str, Any]:
-    if isinstance(m.content, list):
-        if any(p.type != "text" for p in m.content):
-            raise InvalidRequestError("only text content parts are supported")
-        content = "".join(p.text or "" for p in m.content)
-    else:
-        content = m.content or ""
-    role = "system" if m.role == "developer" else m.role
-    extra: dict[str, Any] = {k: v for k, v in (("name", m.name), ("tool_call_id", m.tool_call_id)) if v is not None}
-    if m.tool_calls and native:  # the template writes earlier calls in the model's syntax
-        extra["tool_calls"] = [{"id": c.id, "type": "function", "function": {
-            "name": c.function.name, "arguments": _arguments(c)}} for c in m.tool_calls]
-    elif m.tool_calls and not content:  # an earlier call, shown as the JSON the model wrote
-        content = "\n".join(json.dumps({"name": c.function.name, "arguments": _arguments(c)})
-                            for c in m.tool_calls)
-    return {"role": role, "content": content, **extra}  # NOTE: templates that know them use them
-
-
-def _arguments(call: ToolCallOut) -> Any:
-    try:
-        return json.loads(call.function.arguments or "{}")
-    except json.JSONDecodeError as exc:
-        raise InvalidRequestError(f"tool call {call.id!r}: function.arguments is not JSON ({exc})") from None
-
-
-def parse_tool_call(text: str, tools: list[ChatTool]) -> ToolCallOut | None:
-    """A tool call if ``text`` is exactly one JSON call to one of ``tools``, else None."""
-    calls = parse_tool_calls(text, tools, parallel=False)
-    return calls[0] if calls else None

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from runtime.server.api.fields import IgnoredFields, RefusedFields, WireModel, is_empty
+from runtime.server.api.common.fields import IgnoredFields, RefusedFields, WireModel, is_empty
 
 
 class Block(WireModel):

@@ -30,12 +30,10 @@ from runtime.errors import InvalidRequestError
 from runtime.output.request_output import RequestOutput
 from runtime.sampling.params import SamplingParams
 from runtime.server import engine_constraints
-from runtime.server.api import sglang_schema as schema
-from runtime.server.api.constraint_fields import constraint_from_fields
-from runtime.server.api.fields import check_fields
+from runtime.server.api.common.constraint_fields import constraint_from_fields
+from runtime.server.api.common.fields import check_fields
+from runtime.server.api.sglang import schema
 from runtime.server.errors import raise_if_failed, stream_error_event
-from runtime.server.openai_common import _merge
-from runtime.server.protocol import CachedTokensDetails, GenerateMeta
 from runtime.server.retention import retention_of
 from runtime.server.serving import (
     EngineStream,
@@ -44,6 +42,7 @@ from runtime.server.serving import (
     check_budget,
     collect,
     encode_prompt,
+    merge_streams,
     until_disconnect,
 )
 from runtime.server.sse import SSE_DONE, EventStreamResponse, sse
@@ -243,7 +242,7 @@ def build_router(ctx: ServerContext) -> APIRouter:
 async def _events(ctx: ServerContext, plan: GeneratePlan, streams: list[EngineStream]) -> AsyncIterator[str]:
     """SSE body of a streamed ``/generate``; the response's ``on_close`` aborts leftovers."""
     try:
-        async for k, out in _merge(streams):
+        async for k, out in merge_streams(streams):
             raise_if_failed(ctx, out)
             yield sse(plan.chunk(k, out, streams[k]))
         ctx.metrics.requests.labels("generate_stream", "200").inc()
@@ -284,16 +283,16 @@ def _finish_reason(out: RequestOutput) -> dict[str, Any] | None:
     return {"type": "abort", "message": out.error or "aborted"}
 
 
-def _cached_details(out: RequestOutput) -> CachedTokensDetails:
-    return CachedTokensDetails(pool=out.num_cached_tokens - out.num_tier_cached_tokens,
+def _cached_details(out: RequestOutput) -> schema.CachedTokensDetails:
+    return schema.CachedTokensDetails(pool=out.num_cached_tokens - out.num_tier_cached_tokens,
                                tier=out.num_tier_cached_tokens)
 
 
-def _meta(out: RequestOutput, stream: EngineStream) -> GenerateMeta:
+def _meta(out: RequestOutput, stream: EngineStream) -> schema.GenerateMeta:
     top = None
     if out.top_logprobs is not None:
         top = [{str(k): v for k, v in step.items()} for step in out.top_logprobs]
-    return GenerateMeta(request_id=out.request_id, prompt_tokens=len(out.prompt_token_ids),
+    return schema.GenerateMeta(request_id=out.request_id, prompt_tokens=len(out.prompt_token_ids),
                         completion_tokens=len(out.token_ids), cached_tokens=out.num_cached_tokens,
                         cached_tokens_details=_cached_details(out),
                         e2e_latency=time.monotonic() - stream.started, logprobs=out.logprobs,

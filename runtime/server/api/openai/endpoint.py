@@ -14,11 +14,11 @@ from runtime.output.request_output import RequestOutput
 from runtime.sampling.params import SamplingParams
 from runtime.sampling.reasoning import ReasoningSpan
 from runtime.server import engine_constraints
-from runtime.server.api import openai_fields
-from runtime.server.api.constraint_fields import CONSTRAINT_FIELDS, constraint_from_fields
-from runtime.server.api.fields import check_fields
+from runtime.server.api.common.constraint_fields import CONSTRAINT_FIELDS, constraint_from_fields
+from runtime.server.api.common.fields import check_fields
+from runtime.server.api.openai import fields as openai_fields
+from runtime.server.api.openai.schema import ResponseFormat, SamplingExtras, Usage
 from runtime.server.errors import raise_if_failed, stream_error_event
-from runtime.server.protocol import ResponseFormat, SamplingExtras, Usage
 from runtime.server.retention import retention_of
 from runtime.server.serving import (
     EngineStream,
@@ -26,6 +26,7 @@ from runtime.server.serving import (
     StreamGroup,
     check_budget,
     collect,
+    merge_streams,
     new_id,
     until_disconnect,
 )
@@ -101,7 +102,7 @@ class Endpoint:
         options = self.body.stream_options
         continuous = options is not None and options.include_usage and options.continuous_usage_stats
         try:
-            async for index, out in _merge(streams):
+            async for index, out in merge_streams(streams):
                 raise_if_failed(self.ctx, out)
                 latest[index] = out
                 so_far = usage_so_far(self.prompt_lens(), list(latest.values())) if continuous else None
@@ -135,35 +136,6 @@ def _refuse_unsupported(b: SamplingExtras) -> None:
 
 
 
-async def _merge(streams: list[EngineStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """Outputs of several streams as they come, tagged with the stream's index."""
-    if len(streams) == 1:
-        async for out in streams[0]:
-            yield 0, out
-        return
-    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException]] = asyncio.Queue()
-
-    async def pump(i: int, stream: EngineStream) -> None:
-        try:
-            async for out in stream:
-                queue.put_nowait((i, out))
-        except Exception as exc:
-            queue.put_nowait((i, exc))
-
-    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        remaining = len(streams)
-        while remaining:
-            i, item = await queue.get()
-            if isinstance(item, BaseException):
-                raise item
-            remaining -= item.finished
-            yield i, item
-    finally:
-        for task in tasks:
-            task.cancel()
-
-
 def usage(prompt_lens: list[int], finals: list[RequestOutput]) -> Usage:
     """Token counts; each prompt counts once however many choices (``finals`` in job
     order: the choices of prompt ``i`` are ``finals[i * n : (i + 1) * n]``)."""
@@ -185,7 +157,7 @@ def usage_so_far(prompt_lens: list[int], outs: list[RequestOutput]) -> dict[str,
 
 def output_constraint(b: SamplingExtras, fmt: ResponseFormat | None) -> Any:
     """The constraint of a request: its ``response_format`` or one of the other servers'
-    constraint fields (``api/constraint_fields.py``: ``regex``, ``guided_*``, ``ebnf``...);
+    constraint fields (``api/common/constraint_fields.py``: ``regex``, ``guided_*``, ``ebnf``...);
     at most one."""
     given = {name: getattr(b, name) for name in CONSTRAINT_FIELDS}
     found = constraint_from_fields(given, b.json_bounds)

@@ -1,0 +1,1 @@
+"""Arbor's tokenizer endpoints, retention sessions and engine metrics."""

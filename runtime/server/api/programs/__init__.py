@@ -1,0 +1,1 @@
+"""The hosted ``@program`` endpoints: ``/programs``."""
