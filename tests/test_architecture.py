@@ -402,3 +402,85 @@ def test_the_dsl_names_no_module_after_one_of_the_server() -> None:
     that line (``hosting.py``, ``limits.py``) makes a reader open the wrong one."""
     server = set(_entries(ROOT / "runtime" / "server")) - {"errors"}
     assert server & set(_entries(ROOT / "frontend_dsl")) == set()
+
+
+# ---- the server's API families ----------------------------------------------------------
+# runtime/server/api/<family>/ holds one wire API (schema.py + routes.py); common/ and the
+# modules of runtime/server/ itself are neutral. A family may import neutral modules only,
+# so each translates its own wire shape into the engine's request and back.
+API = "runtime.server.api"
+API_DIR = ROOT / "runtime" / "server" / "api"
+NEUTRAL_API_FOLDERS = {"common"}
+# Server modules that may name a family: the app mounts them, the client speaks their wire.
+FAMILY_USERS = {"runtime.server.app", "runtime.server.client"}
+
+
+def api_families() -> list[str]:
+    return sorted(p.name for p in API_DIR.iterdir()
+                  if (p / "__init__.py").exists() and p.name not in NEUTRAL_API_FOLDERS)
+
+
+def family_of(module: str, families: list[str]) -> str | None:
+    """The API family ``module`` belongs to (None: a neutral or non-server module)."""
+    if not module.startswith(API + "."):
+        return None
+    name = module[len(API) + 1:].partition(".")[0]
+    return name if name in families else None
+
+
+def test_every_api_family_is_a_schema_and_routes_pair_with_a_router() -> None:
+    families = api_families()
+    assert {"openai", "responses", "anthropic", "sglang", "native", "programs", "embeddings"} <= set(families)
+    sources = project_sources()
+    incomplete = [f for f in families if {f"{API}.{f}.schema", f"{API}.{f}.routes"} - set(sources)]
+    assert incomplete == [], f"each API family needs schema.py and routes.py: {incomplete}"
+    no_router = [f for f in families if not any(
+        isinstance(node, ast.FunctionDef) and node.name == "build_router"
+        for node in ast.parse(sources[f"{API}.{f}.routes"][2]).body)]
+    assert no_router == [], f"routes.py must define build_router(ctx): {no_router}"
+
+
+def test_no_api_family_imports_another_family() -> None:
+    families = api_families()
+    offenders = [f"{imp.importer} imports {imp.target}  ({imp.describe()})" for imp in project_imports()
+                 if (a := family_of(imp.importer, families)) is not None
+                 and family_of(imp.target, families) not in (None, a)]
+    assert offenders == [], ("an API family may import only neutral modules (api/common/, "
+                             "runtime/server/*): move what two families share there:\n" + "\n".join(offenders))
+
+
+def test_neutral_server_modules_import_no_api_family() -> None:
+    families = api_families()
+    offenders = [f"{imp.importer} imports {imp.target}  ({imp.describe()})" for imp in project_imports()
+                 if imp.importer.startswith("runtime.server.") and imp.importer not in FAMILY_USERS
+                 and family_of(imp.importer, families) is None and family_of(imp.target, families) is not None]
+    assert offenders == [], "a neutral module must not depend on one API's shapes:\n" + "\n".join(offenders)
+
+
+def _app_family_list() -> list[str]:
+    """The modules named in ``app.API_FAMILIES``, resolved through app.py's imports."""
+    tree = ast.parse((ROOT / "runtime" / "server" / "app.py").read_text())
+    aliases = {alias.asname or alias.name: f"{node.module}.{alias.name}"
+               for node in tree.body if isinstance(node, ast.ImportFrom) for alias in node.names}
+    lists = [node.value for node in tree.body if isinstance(node, ast.Assign)
+             and any(isinstance(t, ast.Name) and t.id == "API_FAMILIES" for t in node.targets)]
+    assert len(lists) == 1 and isinstance(lists[0], ast.Tuple | ast.List), "app.py must define API_FAMILIES once"
+    return [aliases[e.id] if isinstance(e, ast.Name) else ast.unparse(e) for e in lists[0].elts]
+
+
+def test_the_app_mounts_every_family_from_its_one_list() -> None:
+    mounted = _app_family_list()
+    assert len(mounted) == len(set(mounted))
+    assert sorted(mounted) == sorted(f"{API}.{f}.routes" for f in api_families())
+    app_source = (ROOT / "runtime" / "server" / "app.py").read_text()
+    assert "for family in API_FAMILIES:\n        app.include_router(family.build_router(ctx))" in app_source
+
+
+def test_the_family_checks_see_a_cross_import() -> None:
+    """Guards against family checks that pass because they match nothing."""
+    families = api_families()
+    assert family_of(f"{API}.openai.schema", families) == "openai"
+    assert family_of(f"{API}.common.messages", families) is None
+    assert family_of("runtime.server.serving", families) is None
+    users = {imp.target for imp in project_imports() if imp.importer == "runtime.server.app"}
+    assert f"{API}.anthropic.routes" in users
