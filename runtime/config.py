@@ -22,9 +22,9 @@ KVCacheDtype = Literal["auto", "int8", "fp8"]
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 DEFAULT_MEM_FRACTION = 0.15  # of free memory, for the KV pool when neither size is given
 CPU_PREFIX_CACHE_BYTES = 256 * 2**20  # KV the prefix cache keeps on the CPU by default (docs/memory.md)
-# The ITL target, in decode-only steps at the current batch, when the user sets none
+# The ITL target, in decode-only steps of one stream, when the user sets none
 # (scheduler/budget.py; chosen by a sweep, docs/serving-slo.md).
-DEFAULT_ITL_SLO_STEPS = 8.0
+DEFAULT_ITL_SLO_STEPS = 24.0
 
 
 def setting(default: Any, help: str) -> Any:
@@ -70,10 +70,12 @@ class EngineConfig:
         None, "inter-token latency target in seconds: each step's prefill chunk is the largest whose "
         "predicted step time keeps running streams within it (down to --chunked-prefill-size)")
     # NOTE: a target in seconds does not carry across models and machines; one in decode
-    # steps does, so it is the default when the user sets neither a chunk nor a target.
+    # steps (of the model, measured online) does, so it is the default when the user sets
+    # neither a chunk nor a target.
     itl_slo_steps: float | None = setting(
         None, "inter-token latency target in decode steps: as --itl-slo, with the target this many "
-        "times the measured time of a decode-only step at the current batch (default: "
+        "times the measured time of a one-stream decode-only step, and at least two decode-only steps of "
+        "the current batch (default: "
         f"{DEFAULT_ITL_SLO_STEPS:g} when none of --chunked-prefill-size, --itl-slo and --ttft-slo is "
         "given, else off; --chunked-prefill-size N alone keeps the fixed chunk)")
     itl_stretch: float = setting(

@@ -12,8 +12,10 @@ tokens of the streams decoding in it (inter-token latency, ITL). Two policies:
       ITL tokens  = the most prefill tokens whose step the cost model predicts within the
                     tightest ITL target of the decoding streams (none: the min chunk)
       ITL target  = a request's own, else the engine's in seconds, else the engine's in
-                    decode steps: that many times the predicted decode-only step at the
-                    current batch (the default: it carries across models and machines)
+                    decode steps: that many times the predicted decode-only step of one
+                    stream, and at least two decode-only steps of the current batch (the
+                    default: a pace relative to the model's own carries across models
+                    and machines; the floor keeps a full batch's target reachable)
       TTFT tokens = for the prompts waiting (oldest first), the tokens per step that finish
                     each one before its TTFT target, counting the prompts ahead of it
       budget      = max(ITL tokens, TTFT tokens), within [min chunk, large budget],
@@ -42,6 +44,10 @@ from runtime.request import Request
 from runtime.scheduler.cost_model import StepCostModel, StepShape
 
 log = logging.getLogger("arbor.scheduler")
+
+# The floor of a target in decode steps, in decode-only steps of the current batch: a
+# step that prefills anything beside the batch costs more than the batch alone.
+MIN_BATCH_STEPS = 2.0
 
 
 class PrefillBudget(ABC):
@@ -76,8 +82,9 @@ class LatencyTargetBudget(PrefillBudget):
         min_chunk, max_tokens: the budget's floor and ceiling.
         itl_stretch: the longest step the TTFT rule may ask for, in multiples of the
             tightest ITL target of the decoding streams (no ITL target: no limit).
-        itl_steps: the engine's ITL target in decode-only steps at the current batch (None:
-            none), used when ``itl_slo`` is None.
+        itl_steps: the engine's ITL target in decode-only steps of one stream (None: none),
+            used when ``itl_slo`` is None; at least ``MIN_BATCH_STEPS`` decode-only steps
+            of the current batch.
         clock: seconds (``time.monotonic``; tests pass a virtual clock).
     """
 
@@ -106,12 +113,19 @@ class LatencyTargetBudget(PrefillBudget):
         return min(targets) if targets else None
 
     def _relative_itl_target(self, num_decoding: int) -> float | None:
-        """``itl_steps`` decode-only steps of this batch, in seconds (None: no relative
-        target, or decode steps not measured yet)."""
+        """``itl_steps`` decode-only steps of one stream, at least ``MIN_BATCH_STEPS`` of
+        this batch, in seconds (None: no relative target, or decode steps not measured yet).
+
+        NOTE: one stream's step, not the batch's: a target that grew with the batch would
+        let every running stream's ITL grow with the load (measured: docs/serving-slo.md).
+        """
         if self.itl_steps is None:
             return None
-        step = self.cost.predict(StepShape(decode_rows=num_decoding))
-        return None if step is None else self.itl_steps * step
+        one = self.cost.predict(StepShape(decode_rows=1))
+        batch = self.cost.predict(StepShape(decode_rows=num_decoding))
+        if one is None or batch is None:
+            return None
+        return max(self.itl_steps * one, MIN_BATCH_STEPS * batch)
 
     def _itl_tokens(self, rows: int, target: float | None) -> int:
         if target is None:
