@@ -24,7 +24,7 @@ DEFAULT_MEM_FRACTION = 0.15  # of free memory, for the KV pool when neither size
 CPU_PREFIX_CACHE_BYTES = 256 * 2**20  # KV the prefix cache keeps on the CPU by default (docs/memory.md)
 # The ITL target, in decode-only steps of one stream, when the user sets none
 # (scheduler/budget.py; chosen by a sweep, docs/serving-slo.md).
-DEFAULT_ITL_SLO_STEPS = 24.0
+DEFAULT_ITL_SLO_STEPS = 32.0
 
 
 def setting(default: Any, help: str) -> Any:

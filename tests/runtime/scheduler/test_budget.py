@@ -186,20 +186,24 @@ def test_bad_targets_are_refused_at_start() -> None:
 
 
 def test_an_itl_target_in_decode_steps_follows_the_measured_decode_step() -> None:
-    """2 decode steps: 4 streams decode in 14 ms, so the target is 28 ms and a step with
-    prefill (18 ms + 0.1 ms a token) takes 100 tokens; 8 streams: 2 x 18 ms = 36 ms, a
-    step of 22 ms + 0.1 ms a token, 140 tokens."""
+    """One stream decodes in 11 ms: 4 steps are 44 ms. With 4 streams decoding a step with
+    prefill takes 18 ms + 0.1 ms a token: 260 tokens; with 8, 22 ms + 0.1 ms: 220. With 2
+    steps (22 ms) the floor of two batch steps wins: 4 streams decode in 14 ms, so 28 ms
+    and 100 tokens; 8 streams in 18 ms, so 36 ms and 140 tokens."""
     waiting = [_req("w", 900)]
-    relative = LatencyTargetBudget(trained(), None, None, 16, 2048, itl_steps=2.0)
-    assert relative.tokens(_decoding(4), waiting) == pytest.approx(100, abs=1)
-    assert relative.tokens(_decoding(8), waiting) == pytest.approx(140, abs=1)
+    relative = LatencyTargetBudget(trained(), None, None, 16, 2048, itl_steps=4.0)
+    assert relative.tokens(_decoding(4), waiting) == pytest.approx(260, abs=1)
+    assert relative.tokens(_decoding(8), waiting) == pytest.approx(220, abs=1)
     assert relative.tokens([], waiting) == 2048  # nothing decodes
+    floored = LatencyTargetBudget(trained(), None, None, 16, 2048, itl_steps=2.0)
+    assert floored.tokens(_decoding(4), waiting) == pytest.approx(100, abs=1)
+    assert floored.tokens(_decoding(8), waiting) == pytest.approx(140, abs=1)
     own = _decoding(4)
     own[0] = _req("own", 4, itl_slo=0.020)
     own[0].output_ids.append(7)
     own[0].num_computed = own[0].seq_len - 1
     assert relative.tokens(own, waiting) == pytest.approx(20, abs=1)  # the request's own wins
-    seconds = LatencyTargetBudget(trained(), 0.030, None, 16, 2048, itl_steps=2.0)
+    seconds = LatencyTargetBudget(trained(), 0.030, None, 16, 2048, itl_steps=4.0)
     assert seconds.tokens(_decoding(4), waiting) == pytest.approx(120, abs=1)  # seconds win over steps
 
 
