@@ -22,6 +22,9 @@ KVCacheDtype = Literal["auto", "int8", "fp8"]
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 DEFAULT_MEM_FRACTION = 0.15  # of free memory, for the KV pool when neither size is given
 CPU_PREFIX_CACHE_BYTES = 256 * 2**20  # KV the prefix cache keeps on the CPU by default (docs/memory.md)
+# The ITL target, in decode-only steps of one stream, when the user sets none
+# (scheduler/budget.py; chosen by a sweep, docs/serving-slo.md).
+DEFAULT_ITL_SLO_STEPS = 32.0
 
 
 def setting(default: Any, help: str) -> Any:
@@ -66,6 +69,15 @@ class EngineConfig:
     itl_slo: float | None = setting(
         None, "inter-token latency target in seconds: each step's prefill chunk is the largest whose "
         "predicted step time keeps running streams within it (down to --chunked-prefill-size)")
+    # NOTE: a target in seconds does not carry across models and machines; one in decode
+    # steps (of the model, measured online) does, so it is the default when the user sets
+    # neither a chunk nor a target.
+    itl_slo_steps: float | None = setting(
+        None, "inter-token latency target in decode steps: as --itl-slo, with the target this many "
+        "times the measured time of a one-stream decode-only step, and at least two decode-only steps of "
+        "the current batch (default: "
+        f"{DEFAULT_ITL_SLO_STEPS:g} when none of --chunked-prefill-size, --itl-slo and --ttft-slo is "
+        "given, else off; --chunked-prefill-size N alone keeps the fixed chunk)")
     itl_stretch: float = setting(
         2.0, "with --itl-slo and --ttft-slo: how far (x the tightest ITL target) a step may stretch "
         "to give a prompt about to miss its TTFT target the tokens it needs")
@@ -197,6 +209,13 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and value > 0):
                 raise InvalidRequestError(f"{name} must be a number of seconds > 0, got {value!r}")
+        if self.itl_slo_steps is not None and not (isinstance(self.itl_slo_steps, (int, float))
+                                                   and self.itl_slo_steps > 1):
+            raise InvalidRequestError(f"itl_slo_steps must be a number > 1 (a step that prefills costs more "
+                                      f"than a decode-only step), got {self.itl_slo_steps!r}")
+        if self.itl_slo_steps is not None and self.itl_slo is not None:
+            raise InvalidRequestError("give one ITL target: itl_slo (seconds) or itl_slo_steps (decode "
+                                      "steps), not both")
         if not (isinstance(self.itl_stretch, (int, float)) and self.itl_stretch >= 1):
             raise InvalidRequestError(f"itl_stretch must be a number >= 1, got {self.itl_stretch!r}")
         if self.ttft_slo is not None and self.itl_slo is not None and self.ttft_slo < self.itl_slo:
@@ -235,8 +254,17 @@ class EngineConfig:
         return replace(
             self,
             chunked_prefill_size=self.chunked_prefill_size or (512 if on_cuda else 16),
+            itl_slo_steps=self._default_itl_slo_steps(),
             spec_fixed_cost_rows=self.spec_fixed_cost_rows or (256.0 if on_cuda else 16.0),
         )
+
+    def _default_itl_slo_steps(self) -> float | None:
+        """The relative ITL target: the user's, else the default when the user chose no
+        chunk and no target of their own (a chunk alone means the fixed-chunk baseline)."""
+        if self.itl_slo_steps is not None:
+            return self.itl_slo_steps
+        chosen = (self.chunked_prefill_size, self.itl_slo, self.ttft_slo)
+        return DEFAULT_ITL_SLO_STEPS if all(v is None for v in chosen) else None
 
     def version(self) -> str:
         """A short hash of every setting (12 hex digits): two engines with the same version

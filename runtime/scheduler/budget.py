@@ -11,6 +11,11 @@ tokens of the streams decoding in it (inter-token latency, ITL). Two policies:
       nothing decodes          -> the large budget
       ITL tokens  = the most prefill tokens whose step the cost model predicts within the
                     tightest ITL target of the decoding streams (none: the min chunk)
+      ITL target  = a request's own, else the engine's in seconds, else the engine's in
+                    decode steps: that many times the predicted decode-only step of one
+                    stream, and at least two decode-only steps of the current batch (the
+                    default: a pace relative to the model's own carries across models
+                    and machines; the floor keeps a full batch's target reachable)
       TTFT tokens = for the prompts waiting (oldest first), the tokens per step that finish
                     each one before its TTFT target, counting the prompts ahead of it
       budget      = max(ITL tokens, TTFT tokens), within [min chunk, large budget],
@@ -39,6 +44,10 @@ from runtime.request import Request
 from runtime.scheduler.cost_model import StepCostModel, StepShape
 
 log = logging.getLogger("arbor.scheduler")
+
+# The floor of a target in decode steps, in decode-only steps of the current batch: a
+# step that prefills anything beside the batch costs more than the batch alone.
+MIN_BATCH_STEPS = 2.0
 
 
 class PrefillBudget(ABC):
@@ -73,13 +82,17 @@ class LatencyTargetBudget(PrefillBudget):
         min_chunk, max_tokens: the budget's floor and ceiling.
         itl_stretch: the longest step the TTFT rule may ask for, in multiples of the
             tightest ITL target of the decoding streams (no ITL target: no limit).
+        itl_steps: the engine's ITL target in decode-only steps of one stream (None: none),
+            used when ``itl_slo`` is None; at least ``MIN_BATCH_STEPS`` decode-only steps
+            of the current batch.
         clock: seconds (``time.monotonic``; tests pass a virtual clock).
     """
 
     def __init__(self, cost: StepCostModel, itl_slo: float | None, ttft_slo: float | None,
                  min_chunk: int, max_tokens: int, clock: Callable[[], float] = time.monotonic,
-                 itl_stretch: float = 2.0) -> None:
+                 itl_stretch: float = 2.0, itl_steps: float | None = None) -> None:
         self.cost, self.itl_slo, self.ttft_slo = cost, itl_slo, ttft_slo
+        self.itl_steps = itl_steps
         self.min_chunk, self.max_tokens, self.clock = min_chunk, max_tokens, clock
         self.itl_stretch = itl_stretch
         self._warned = False
@@ -95,8 +108,24 @@ class LatencyTargetBudget(PrefillBudget):
         return max(self.min_chunk, min(self.max_tokens, max(itl, ttft)))
 
     def _itl_target(self, decoding: Sequence[Request]) -> float | None:
-        targets = [t for r in decoding if (t := r.params.itl_slo or self.itl_slo) is not None]
+        engine = self.itl_slo if self.itl_slo is not None else self._relative_itl_target(len(decoding))
+        targets = [t for r in decoding if (t := r.params.itl_slo or engine) is not None]
         return min(targets) if targets else None
+
+    def _relative_itl_target(self, num_decoding: int) -> float | None:
+        """``itl_steps`` decode-only steps of one stream, at least ``MIN_BATCH_STEPS`` of
+        this batch, in seconds (None: no relative target, or decode steps not measured yet).
+
+        NOTE: one stream's step, not the batch's: a target that grew with the batch would
+        let every running stream's ITL grow with the load (measured: docs/serving-slo.md).
+        """
+        if self.itl_steps is None:
+            return None
+        one = self.cost.predict(StepShape(decode_rows=1))
+        batch = self.cost.predict(StepShape(decode_rows=num_decoding))
+        if one is None or batch is None:
+            return None
+        return max(self.itl_steps * one, MIN_BATCH_STEPS * batch)
 
     def _itl_tokens(self, rows: int, target: float | None) -> int:
         if target is None:
@@ -146,7 +175,9 @@ class LatencyTargetBudget(PrefillBudget):
 
 
 def prefill_budget(config: EngineConfig, cost: StepCostModel) -> PrefillBudget:
-    """The engine's budget policy: latency targets (the engine's, or a request's own)."""
+    """The engine's budget policy: latency targets (the engine's, in seconds or in decode
+    steps, or a request's own)."""
     assert config.chunked_prefill_size is not None  # filled in by for_device
     return LatencyTargetBudget(cost, config.itl_slo, config.ttft_slo, config.chunked_prefill_size,
-                               config.max_prefill_tokens, itl_stretch=config.itl_stretch)
+                               config.max_prefill_tokens, itl_stretch=config.itl_stretch,
+                               itl_steps=config.itl_slo_steps)

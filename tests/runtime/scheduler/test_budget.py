@@ -9,11 +9,11 @@ import logging
 import pytest
 
 from runtime.cli import build_parser
-from runtime.config import EngineConfig
+from runtime.config import DEFAULT_ITL_SLO_STEPS, EngineConfig
 from runtime.errors import InvalidRequestError
 from runtime.request import Request
 from runtime.sampling.params import SamplingParams
-from runtime.scheduler.budget import FixedBudget, LatencyTargetBudget
+from runtime.scheduler.budget import FixedBudget, LatencyTargetBudget, prefill_budget
 from runtime.scheduler.cost_model import StepCostModel, StepShape
 from tests.runtime.scheduler.sim import Sim
 
@@ -102,15 +102,15 @@ def test_a_prompt_near_its_ttft_target_gets_the_tokens_it_needs() -> None:
     assert budget(ttft=1.0, now=0.9).tokens(decoding, [_req("a", 900, arrival_s=0.3), _req("b", 100)]) == 50
 
 
-def _serve(itl_slo: float, ttft_slo: float | None = None, itl_stretch: float = 2.0,
-           gap: str = "p99") -> tuple[float, float]:
+def _serve(itl_slo: float | None, ttft_slo: float | None = None, itl_stretch: float = 2.0,
+           gap: str = "p99", itl_steps: float | None = None) -> tuple[float, float]:
     """Streams decode while long prompts arrive; returns (ITL p99, or the longest gap, and
     mean TTFT) in seconds of the fake machine's virtual time."""
     now = [0.0]
     cost = trained()
     sim = Sim(num_pages=20000, prefix_cache=False, max_running=64, max_prefill_tokens=2048, chunked_prefill_size=16,
               budget=LatencyTargetBudget(cost, itl_slo, ttft_slo, 16, 2048, clock=lambda: now[0],
-                                         itl_stretch=itl_stretch),
+                                         itl_stretch=itl_stretch, itl_steps=itl_steps),
               clock=lambda: now[0])
     for i in range(4):
         sim.add(f"s{i}", list(range(1000 * (i + 1), 1000 * (i + 1) + 37)), 200)  # distinct: no cache hits
@@ -183,3 +183,65 @@ def test_bad_targets_are_refused_at_start() -> None:
         SamplingParams(itl_slo=0)
     args = build_parser().parse_args(["serve", "--itl-slo", "0.05", "--ttft-slo", "2"])
     assert (args.itl_slo, args.ttft_slo) == (0.05, 2.0)
+
+
+def test_an_itl_target_in_decode_steps_follows_the_measured_decode_step() -> None:
+    """One stream decodes in 11 ms: 4 steps are 44 ms. With 4 streams decoding a step with
+    prefill takes 18 ms + 0.1 ms a token: 260 tokens; with 8, 22 ms + 0.1 ms: 220. With 2
+    steps (22 ms) the floor of two batch steps wins: 4 streams decode in 14 ms, so 28 ms
+    and 100 tokens; 8 streams in 18 ms, so 36 ms and 140 tokens."""
+    waiting = [_req("w", 900)]
+    relative = LatencyTargetBudget(trained(), None, None, 16, 2048, itl_steps=4.0)
+    assert relative.tokens(_decoding(4), waiting) == pytest.approx(260, abs=1)
+    assert relative.tokens(_decoding(8), waiting) == pytest.approx(220, abs=1)
+    assert relative.tokens([], waiting) == 2048  # nothing decodes
+    floored = LatencyTargetBudget(trained(), None, None, 16, 2048, itl_steps=2.0)
+    assert floored.tokens(_decoding(4), waiting) == pytest.approx(100, abs=1)
+    assert floored.tokens(_decoding(8), waiting) == pytest.approx(140, abs=1)
+    own = _decoding(4)
+    own[0] = _req("own", 4, itl_slo=0.020)
+    own[0].output_ids.append(7)
+    own[0].num_computed = own[0].seq_len - 1
+    assert relative.tokens(own, waiting) == pytest.approx(20, abs=1)  # the request's own wins
+    seconds = LatencyTargetBudget(trained(), 0.030, None, 16, 2048, itl_steps=4.0)
+    assert seconds.tokens(_decoding(4), waiting) == pytest.approx(120, abs=1)  # seconds win over steps
+
+
+def test_an_itl_target_in_decode_steps_waits_for_measured_decode_steps() -> None:
+    """Only steps with prefill measured: no decode step to scale, so the fixed chunk."""
+    cost = StepCostModel()
+    for d, p in ((0, 300), (4, 16), (2, 64), (8, 128)):
+        cost.observe(StepShape(d, p), step_seconds(StepShape(d, p)))
+    assert LatencyTargetBudget(cost, None, None, 16, 2048, itl_steps=8.0).tokens(_decoding(4), [_req("w", 900)]) == 16
+
+
+def test_a_tighter_target_in_decode_steps_gives_lower_itl_p99_and_higher_ttft() -> None:
+    loose_itl, loose_ttft = _serve(itl_slo=None, itl_steps=6.0)
+    tight_itl, tight_ttft = _serve(itl_slo=None, itl_steps=2.0)
+    assert tight_itl < loose_itl and tight_ttft > loose_ttft
+    fixed_itl, fixed_ttft = _serve(itl_slo=None)  # no target: the fixed chunk
+    assert loose_ttft < fixed_ttft and tight_ttft < fixed_ttft
+
+
+def test_the_default_is_a_target_in_decode_steps_unless_the_user_chose_a_chunk_or_target() -> None:
+    cost = trained()
+    default = EngineConfig().for_device("cpu")
+    assert default.itl_slo_steps == DEFAULT_ITL_SLO_STEPS
+    assert prefill_budget(default, cost).tokens(_decoding(4), [_req("w", 900)]) > 16
+    for chosen in ({"chunked_prefill_size": 16}, {"itl_slo": 0.05}, {"ttft_slo": 1.0}):
+        assert EngineConfig(**chosen).for_device("cpu").itl_slo_steps is None  # type: ignore[arg-type]
+    fixed = prefill_budget(EngineConfig(chunked_prefill_size=16).for_device("cpu"), cost)
+    assert fixed.tokens(_decoding(4), [_req("w", 900)]) == 16  # the old behaviour
+    both = EngineConfig(ttft_slo=1.0, itl_slo_steps=4, chunked_prefill_size=32).for_device("cpu")
+    assert (both.itl_slo_steps, both.chunked_prefill_size) == (4, 32)
+    assert default.for_device("cpu").itl_slo_steps == DEFAULT_ITL_SLO_STEPS  # idempotent
+
+
+def test_bad_targets_in_decode_steps_are_refused() -> None:
+    for bad in (1.0, 0.5, 0, -2.0, "8"):
+        with pytest.raises(InvalidRequestError, match="itl_slo_steps must be a number > 1"):
+            EngineConfig(itl_slo_steps=bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequestError, match="not both"):
+        EngineConfig(itl_slo=0.2, itl_slo_steps=8)
+    args = build_parser().parse_args(["serve", "--itl-slo-steps", "4"])
+    assert args.itl_slo_steps == 4.0
