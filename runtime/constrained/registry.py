@@ -47,5 +47,10 @@ def default_backend_name(kind: str) -> str:
 
 
 def create_backend(name: str, hf_tokenizer: Any, vocab_size: int | None = None) -> GrammarBackend:
-    """Build backend ``name`` for a tokenizer (slow: once per model)."""
+    """Build backend ``name`` for a tokenizer (slow: once per model). A tokenizer that is
+    not transformers' own (a GGUF's ``FastTokenizer``) hands over its transformers twin:
+    the backends' libraries read transformers' objects."""
+    as_transformers = getattr(hf_tokenizer, "as_transformers", None)
+    if as_transformers is not None:
+        hf_tokenizer = as_transformers()
     return backend_class(name).from_tokenizer(hf_tokenizer, vocab_size)

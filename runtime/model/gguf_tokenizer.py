@@ -1,9 +1,11 @@
-"""The HF fast tokenizer a GGUF file describes, built from its metadata.
+"""The tokenizer a GGUF file describes, built from its metadata.
 
-transformers ships the converters (``transformers.integrations.gguf``: the byte-level BPE,
-sentencepiece and unigram builders, control tokens as special tokens, the pre-tokenizer
-split chosen by ``tokenizer.ggml.pre``); they normally read the file with their own
-parser. We hand them the metadata ``GGUFFile`` already read, so the file is parsed once.
+The kinds ``gguf_vocab.py`` builds (byte-level BPE, Llama-style sentencepiece) come as a
+``FastTokenizer`` and never import transformers, whose import alone is most of a warm
+load. The rest go through transformers' converters (``transformers.integrations.gguf``:
+Gemma's sentencepiece, unigram...), which normally read the file with their own parser;
+we hand them the metadata ``GGUFFile`` already read, so the file is parsed once. Both
+give the same tokenizer for the kinds both build (tests compare them).
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.errors import ModelLoadError
+from runtime.model.fast_tokenizer import FastTokenizer
 from runtime.model.gguf_file import GGUFFile
+from runtime.model.gguf_vocab import build_backend, settings
 
 # tokenizer.* metadata key -> the converters' tokenizer_dict name (transformers'
 # GGUF_TOKENIZER_MAPPING["tokenizer"], which we import when it is there)
@@ -20,8 +24,25 @@ _SPECIAL_IDS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_t
 
 
 def gguf_tokenizer(gguf: GGUFFile) -> Any:
-    """A ``PreTrainedTokenizerFast`` with the file's vocabulary, merges, special tokens,
-    ``add_bos_token`` and ``chat_template``.
+    """A tokenizer with the file's vocabulary, merges, special tokens, ``add_bos_token``
+    and ``chat_template``: a ``FastTokenizer`` where ``gguf_vocab`` builds the kind, else
+    transformers' ``PreTrainedTokenizerFast``.
+
+    Raises:
+        ModelLoadError: the file has no tokenizer, or one that cannot be built.
+    """
+    check_tokenizer(gguf)
+    try:
+        backend = build_backend(gguf.metadata, gguf.architecture)
+    except Exception as exc:  # tokenizers raises for a bad vocabulary (a merge of unknown pieces...)
+        raise ModelLoadError(f"{gguf.path}: cannot build the tokenizer from the metadata: {exc}") from exc
+    if backend is not None:
+        return FastTokenizer(backend, settings(gguf.metadata))
+    return transformers_tokenizer(gguf)
+
+
+def transformers_tokenizer(gguf: GGUFFile) -> Any:
+    """The file's tokenizer as transformers' converters build it (every kind they know).
 
     Raises:
         ModelLoadError: the file has no tokenizer, or one transformers cannot build.
