@@ -237,10 +237,13 @@ cfg = json.loads(sys.argv[1])
 t0 = time.perf_counter()
 from runtime import Engine, SamplingParams
 t1 = time.perf_counter()
+after_import = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 engine = Engine(model=cfg["model"], weights="gguf", speculation=False, num_threads=cfg["threads"],
                 max_running_requests=cfg["max_running"], max_model_len=cfg["max_model_len"])
 t2 = time.perf_counter()
-out = {"import_s": t1 - t0, "load_s": t2 - t1}
+def hwm_mib():  # this process's peak RSS so far
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+out = {"import_s": t1 - t0, "load_s": t2 - t1, "rss_after_import_mib": after_import, "rss_after_load_mib": hwm_mib()}
 engine.generate(input_ids=[list(range(1000, 1008))], sampling_params=SamplingParams(max_new_tokens=1))
 out["first_token_at"] = time.time()
 rng = np.random.default_rng(0)
@@ -258,8 +261,13 @@ if cfg["speed"]:
         one = timed(prompts(n, cfg["prompt"]), 1)
         full = timed(prompts(n, cfg["prompt"]), 1 + cfg["gen"])
         out[f"decode_{n}"] = n * cfg["gen"] / (full - one)
+        out[f"rss_after_decode_{n}_mib"] = hwm_mib()
     for length in cfg["prefill"]:
         out[f"prefill_{length}"] = length / timed(prompts(1, length), 1)
+        out[f"rss_after_prefill_{length}_mib"] = hwm_mib()
+m = engine.metrics()  # NOTE: pages ever written, the KV pool's resident part on the CPU
+page_bytes = sum(b[:engine.kv.page_size].nbytes for b in engine.kv.k + engine.kv.v)
+out["kv_resident_mib"] = m["kv_pages_touched"] * page_bytes / 2**20
 out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps(out))
 engine.close()
@@ -343,6 +351,11 @@ METRICS: tuple[tuple[str, str, bool, float | None], ...] = (
     ("cold_load_s", "Arbor: Engine() on a cold file, s (target <= 3 s)", False, None),
     ("warm_load_s", "Arbor: Engine() on a warm file, s (target <= 2 s)", False, None),
     ("peak_rss_mib", "peak RSS, MiB", False, 1.25),
+    # Arbor's peak, phase by phase (the high-water mark after each), and its KV pool's
+    # resident part (pages ever written: fp32 KV, the prefix cache's retained pages too)
+    ("rss_after_import_mib", "Arbor: peak RSS after import, MiB", False, None),
+    ("rss_after_load_mib", "Arbor: peak RSS after Engine(), MiB", False, None),
+    ("kv_resident_mib", "Arbor: KV pool resident at the end, MiB", False, None),
 )
 
 

@@ -296,6 +296,7 @@ class EngineCore:
             "num_running": len(sched.running), "num_waiting": len(sched.waiting),
             "kv_pages_used": total - free - evictable, "kv_pages_total": total,
             "kv_pages_free": free, "kv_pages_cached": cached, "kv_pages_retained": retained,
+            "kv_pages_touched": sched.pool.num_touched_pages,
             "retention_pins_refused": sched.cache.num_refused_pins,
             "cache_hit_rate": s.cache_hit_rate, "prompt_tokens": s.prompt_tokens,
             "cached_prompt_tokens": s.cached_prompt_tokens, "prefill_tokens": s.prefill_tokens,

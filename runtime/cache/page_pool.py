@@ -37,6 +37,7 @@ class PagePool:
         self.page_size = page_size
         self._free: list[int] = list(range(1, num_pages))  # a heap (sorted is one)
         self._is_free = [False] + [True] * (num_pages - 1)
+        self._top = 0  # the highest page id ever handed out
         self.lock = threading.RLock()
 
     @property
@@ -47,6 +48,13 @@ class PagePool:
     def num_free_pages(self) -> int:
         return len(self._free)
 
+    @property
+    def num_touched_pages(self) -> int:
+        """The highest page id ever handed out: as the lowest free page goes first, every
+        page up to it has held KV, so on the CPU these are the pool's resident pages (the
+        padding page aside)."""
+        return self._top
+
     def allocate(self, num_pages: int) -> list[int]:
         """Take ``num_pages`` free pages. Raises OutOfPagesError if there are not enough."""
         with self.lock:
@@ -55,6 +63,8 @@ class PagePool:
             pages = [heapq.heappop(self._free) for _ in range(num_pages)]
             for page in pages:
                 self._is_free[page] = False
+            if pages:
+                self._top = max(self._top, pages[-1])  # NOTE: popped ascending
             return pages
 
     def free(self, pages: list[int]) -> None:

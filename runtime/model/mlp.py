@@ -27,6 +27,12 @@ if TYPE_CHECKING:
 
 Take = Callable[[str], torch.Tensor]  # an HF checkpoint tensor by name (fp32), or ModelLoadError
 
+# NOTE: a long prefill's gate / up output is the largest transient of a step (rows x 2 x
+# intermediate fp32, a quarter of a 1B model's weights at 2,048 rows, and resident while it
+# lives), so the rows pass the MLP in chunks of this many: each chunk reads the weights once
+# more, which the chunk's compute dwarfs at this size (docs/memory.md).
+MLP_CHUNK_ROWS = 512
+
 
 class MLP(nn.Module):
     """The gated MLP: ``down(act(gate(x)) * up(x))`` with gate and up as one matmul."""
@@ -38,7 +44,12 @@ class MLP(nn.Module):
         self.gate_up_proj: nn.Module = nn.Linear(args.hidden_size, 2 * self.inter, bias=False)  # fused
         self.down_proj: nn.Module = nn.Linear(self.inter, args.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        if x.shape[0] <= MLP_CHUNK_ROWS:
+            return self._forward(x)
+        return torch.cat([self._forward(rows) for rows in x.split(MLP_CHUNK_ROWS)])
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         if self.act == "silu":
             return self.down_proj(kernels.silu_and_mul(gate_up))

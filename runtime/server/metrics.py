@@ -180,6 +180,8 @@ class _EngineCollector(Collector):
                                       m.get("num_retractions")),
             "arbor_kv_pages_retained": ("KV pages pinned for live program runs and sessions",
                                         m.get("kv_pages_retained")),
+            "arbor_kv_pages_touched": ("KV pages that ever held a token: on the CPU, the pool's resident pages",
+                                       m.get("kv_pages_touched")),
             "arbor_retention_pins_refused": ("Retention pins refused for an owner's page budget (total)",
                                              m.get("retention_pins_refused")),
             "arbor_kv_tier_pages": ("KV pages held in the second tier (--kv-tier-dir)", m.get("kv_tier_pages")),

@@ -37,6 +37,19 @@ def test_a_steady_churn_never_walks_the_pool() -> None:
         touched.update(pages)
         pool.free(pages[::-1])
     assert touched == set(range(1, 9))
+    assert pool.num_touched_pages == 8  # the resident pages, as the engine's metrics report them
+
+
+def test_touched_pages_are_the_high_water_mark_of_the_ids_handed_out() -> None:
+    pool = PagePool(10, 4)
+    assert pool.num_touched_pages == 0
+    first = pool.allocate(5)
+    pool.free(first)
+    assert pool.num_touched_pages == 5  # freed pages stay written, so resident
+    pool.allocate(2)
+    assert pool.num_touched_pages == 5
+    pool.allocate(4)  # 3, 4, 5, then the untouched 6
+    assert pool.num_touched_pages == 6
 
 
 def test_page_zero_is_padding_and_never_handed_out() -> None:
