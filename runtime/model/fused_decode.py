@@ -20,11 +20,13 @@ from __future__ import annotations
 import torch
 
 import kernels
-from kernels import DecodeLayerWeights, DecodeModelWeights, DecodePool, UnsupportedDecodeModel
+from kernels import DecodeExperts, DecodeLayerWeights, DecodeModelWeights, DecodePool, UnsupportedDecodeModel
+from kernels.reference.quant import QuantizedWeight
 from kernels.cpu.decode_step import BoundDecodeStep
 from runtime.model.kv_cache import KVCache
 from runtime.model.llama import DecoderLayer, LlamaForCausalLM
 from runtime.model.mlp import mlp_block
+from runtime.model.moe import SparseMoeBlock
 from runtime.model.quant import QuantizedLinear
 
 
@@ -42,7 +44,7 @@ def decode_weights(model: LlamaForCausalLM) -> DecodeModelWeights:
         raise UnsupportedDecodeModel(f"the {args.mlp!r} MLP block")
     # NOTE: sliding windows, the attention scale and soft-cap run in the step; the
     # embedding scale and the logits' soft-cap in ``FusedDecode.forward``, as the layers do
-    differs = {"q/k norms": args.qk_norm, "a non-SiLU MLP": args.hidden_act != "silu",
+    differs = {"a non-SiLU MLP": args.hidden_act != "silu",
                "partial rotary": args.rotary_dim != args.head_dim,
                "Gemma's sandwich norms and local rope": args.sandwich_norms or args.local_rope is not None}
     if any(differs.values()):
@@ -52,17 +54,14 @@ def decode_weights(model: LlamaForCausalLM) -> DecodeModelWeights:
     for i, layer in enumerate(model.layers):
         assert isinstance(layer, DecoderLayer)
         attn = layer.self_attn
-        try:
-            mlp = layer.dense_mlp("the fused decode step")
-        except NotImplementedError as exc:
-            raise UnsupportedDecodeModel(str(exc)) from exc
         qkv = _quantized(attn.qkv_proj, f"layers[{i}].qkv_proj")
+        gate_up, down, experts = _mlp_weights(layer, i)
+        qk_norms = None if attn.q_norm is None or attn.k_norm is None else (
+            attn.q_norm.weight.detach(), attn.k_norm.weight.detach())
         layers.append(DecodeLayerWeights(
-            qkv.weight, qkv.bias, _quantized(attn.o_proj, f"layers[{i}].o_proj").weight,
-            _quantized(mlp.gate_up_proj, f"layers[{i}].gate_up_proj").weight,
-            _quantized(mlp.down_proj, f"layers[{i}].down_proj").weight,
+            qkv.weight, qkv.bias, _quantized(attn.o_proj, f"layers[{i}].o_proj").weight, gate_up, down,
             layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
-            attn.window,
+            attn.window, experts, qk_norms,
         ))
     head = _quantized(model.lm_head, "lm_head")
     if head.bias is not None:
@@ -70,6 +69,24 @@ def decode_weights(model: LlamaForCausalLM) -> DecodeModelWeights:
     return DecodeModelWeights(tuple(layers), model.norm.weight.detach(), head.weight, args.num_heads,
                               args.num_kv_heads, args.head_dim, args.rms_norm_eps, args.attn_scale,
                               args.attn_softcap)
+
+
+def _mlp_weights(layer: DecoderLayer, i: int) -> tuple[QuantizedWeight, QuantizedWeight, DecodeExperts | None]:
+    """The layer's (gate_up, down, router): a dense MLP's, or a mixture of experts' stacked
+    experts (quantized) and router."""
+    if isinstance(layer.mlp, SparseMoeBlock):
+        block = layer.mlp
+        ex = block.quantized
+        if ex is None or not isinstance(ex.gate_up, QuantizedWeight) or not isinstance(ex.down, QuantizedWeight):
+            raise UnsupportedDecodeModel(f"layers[{i}]'s experts are not quantized")
+        router = block.gate.weight.detach()
+        return ex.gate_up, ex.down, DecodeExperts(router, block.args.top_k, block.args.normalize_topk)
+    try:
+        mlp = layer.dense_mlp("the fused decode step")
+    except NotImplementedError as exc:
+        raise UnsupportedDecodeModel(str(exc)) from exc
+    return (_quantized(mlp.gate_up_proj, f"layers[{i}].gate_up_proj").weight,
+            _quantized(mlp.down_proj, f"layers[{i}].down_proj").weight, None)
 
 
 def decode_pool(kv: KVCache) -> DecodePool:
