@@ -20,9 +20,15 @@ from __future__ import annotations
 import torch
 
 import kernels
-from kernels import DecodeExperts, DecodeLayerWeights, DecodeModelWeights, DecodePool, UnsupportedDecodeModel
-from kernels.reference.quant import QuantizedWeight
+from kernels import (
+    DecodeExperts,
+    DecodeLayerWeights,
+    DecodeModelWeights,
+    DecodePool,
+    UnsupportedDecodeModel,
+)
 from kernels.cpu.decode_step import BoundDecodeStep
+from kernels.reference.quant import QuantizedWeight
 from runtime.model.kv_cache import KVCache
 from runtime.model.llama import DecoderLayer, LlamaForCausalLM
 from runtime.model.mlp import mlp_block
