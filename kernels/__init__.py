@@ -17,6 +17,7 @@ KV pool layout (shared by every op)::
 """
 
 from kernels.cpu.decode_step import (
+    DecodeExperts,
     DecodeLayerWeights,
     DecodeModelWeights,
     DecodePool,
@@ -57,6 +58,7 @@ from kernels.reference.quant import QuantizedWeight
 __all__ = [
     "KV_QUANT_QMAX",
     "AttentionPlan",
+    "DecodeExperts",
     "DecodeLayerWeights",
     "DecodeModelWeights",
     "DecodePool",

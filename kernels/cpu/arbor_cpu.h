@@ -113,6 +113,17 @@ ARBOR_SHARED void arbor_finish_head(const float *acc, float run_max, float run_s
 /* ---- store_kv.c: one (token, head) row into an 8-bit pool (kind 1 int8, 2 fp8) ----------- */
 ARBOR_SHARED void arbor_store_kv_row(const float *x, int64_t dim, int kind, void *codes, float *scale);
 
+/* ---- moe_experts.c: a mixture-of-experts block (kernels/reference/moe.py) ---------------- */
+/* Rows [n0, n1) of expert e's share (n_out / num_experts rows) of the stacked weight w
+ * times activation rows [row0, row1) of a: y[(r - row0) * ldy + (n - n0)]. Serial. */
+ARBOR_SHARED void arbor_expert_matmul(const ArborQWeight *w, int64_t num_experts, int64_t e, const ArborQAct *a,
+                                      int64_t row0, int64_t row1, int64_t n0, int64_t n1, float *y, int64_t ldy);
+/* One token's route: the router's logits router[E, H] . x, their softmax (into probs [E]),
+ * the top_k largest (ids, weights [top_k]; a tie goes to the lower id), renormalized to
+ * sum to 1 when `normalize`. */
+ARBOR_SHARED void arbor_route_row(const float *x, const float *router, int64_t hidden, int64_t num_experts,
+                                  int64_t top_k, int normalize, float *probs, float *weights, int64_t *ids);
+
 /* ---- elementwise.c: one row at a time ---------------------------------------------------- */
 /* h += x (x may be NULL); out = w * h / rms(h). */
 ARBOR_SHARED void arbor_add_rms_norm_row(const float *x, float *h, const float *weight, float *out,

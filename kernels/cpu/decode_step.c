@@ -20,6 +20,11 @@
  *               h += Wdown x
  *   logits = Whead quantize(rms_norm(h))
  *
+ * A layer with experts (Qwen3-MoE, Mixtral) replaces the MLP's four lines by the experts
+ * block of moe_experts.c, phase by phase (experts_step): the router's top-k per token,
+ * the (token, expert) rows sorted by expert, each expert's SwiGLU over its rows in work
+ * items of (expert, 64 output rows), and h += each token's weighted sum of its rows.
+ *
  * Attention's work items are (request, KV head, 256-position partial), so one long request
  * spreads over every thread; the partials merge in order exactly as the layer-by-layer
  * kernel merges them (arbor_attend_chunked), so both paths compute the same bits.
@@ -94,10 +99,16 @@ typedef struct {
     void *k, *v;                         /* this layer's pool, [num_slots, Hkv, D] */
     float *k_scale, *v_scale;            /* [num_slots, Hkv] of an 8-bit pool, else NULL */
     int64_t window;                      /* attend to the last `window` positions (0: all) */
+    /* experts (num_experts > 0): gate_up, down hold every expert's rows stacked
+     * (moe_experts.c); router [num_experts, hidden] fp32 */
+    const float *router;
+    int64_t num_experts, top_k;
+    int32_t normalize_topk; /* renormalize the top-k probabilities */
+    const float *q_norm, *k_norm; /* [head_dim]: RMSNorm over each q and k head before the rotary (Qwen 3), or NULL */
 } ArborDecodeLayer;
 
 typedef struct {
-    int64_t num_layers, hidden, inter, num_heads, num_kv_heads, head_dim, vocab;
+    int64_t num_layers, hidden, inter, num_heads, num_kv_heads, head_dim, vocab; /* inter: the dense MLPs' */
     float eps, attn_scale, attn_softcap; /* softcap 0: none */
     int32_t kv_kind; /* 0 fp32, 1 int8, 2 fp8 e4m3 */
     int64_t num_slots, page_size;
@@ -109,10 +120,20 @@ typedef struct {
 /* Where each piece of the scratch memory lies for a batch (all offsets 64-byte aligned). */
 typedef struct {
     int64_t chunks, qkv_width, tmp_floats; /* chunks: attention partials per request, at most */
-    size_t qkv, part_out, part_lse, mlp, act_h, act_o, act_i, tmp, total;
+    size_t qkv, part_out, part_lse, mlp, act_h, act_o, act_i, tmp;
+    /* the experts' (experts_step), sized by the first layer with experts (all alike) */
+    int64_t max_items;
+    size_t xn, probs, sel_w, sel_e, row_token, row_w, token_rows, offsets, items, act_s, g, act_g, y, total;
 } Layout;
 
 static size_t align64(size_t n) { return (n + 63) / 64 * 64; }
+
+/* The first layer with (or without) experts, or NULL. */
+static const ArborDecodeLayer *first_layer(const ArborDecodeModel *m, int experts) {
+    for (int64_t i = 0; i < m->num_layers; i++)
+        if ((m->layers[i].num_experts > 0) == experts) return &m->layers[i];
+    return NULL;
+}
 
 static Layout layout_for(const ArborDecodeModel *m, int64_t batch, int64_t max_len, int num_threads) {
     Layout l;
@@ -126,11 +147,28 @@ static Layout layout_for(const ArborDecodeModel *m, int64_t batch, int64_t max_l
     PLACE(qkv, 4 * (size_t)(batch * l.qkv_width));
     PLACE(part_out, 4 * (size_t)(batch * l.chunks * hq_d));
     PLACE(part_lse, 4 * (size_t)(batch * l.chunks * m->num_heads));
+    const ArborDecodeLayer *dense = first_layer(m, 0), *moe = first_layer(m, 1);
     PLACE(mlp, 4 * (size_t)(batch * m->inter));
     PLACE(act_h, arbor_qact_bytes(batch, m->layers[0].qkv.kp));
     PLACE(act_o, arbor_qact_bytes(batch, m->layers[0].o.kp));
-    PLACE(act_i, arbor_qact_bytes(batch, m->layers[0].down.kp));
+    PLACE(act_i, dense == NULL ? 0 : arbor_qact_bytes(batch, dense->down.kp));
     PLACE(tmp, 4 * (size_t)(num_threads * l.tmp_floats));
+    const int64_t e = moe == NULL ? 0 : moe->num_experts, k = moe == NULL ? 0 : moe->top_k, rows = batch * k;
+    const int64_t inter = moe == NULL ? 0 : moe->down.k_len, widest = inter > m->hidden ? inter : m->hidden;
+    l.max_items = e * ((widest + MLP_CHUNK - 1) / MLP_CHUNK);
+    PLACE(xn, 4 * (size_t)(batch * m->hidden));
+    PLACE(probs, 4 * (size_t)(batch * e));
+    PLACE(sel_w, 4 * (size_t)rows);
+    PLACE(sel_e, 8 * (size_t)rows);
+    PLACE(row_token, 8 * (size_t)rows);
+    PLACE(row_w, 4 * (size_t)rows);
+    PLACE(token_rows, 8 * (size_t)rows);
+    PLACE(offsets, 8 * (size_t)(e + 1));
+    PLACE(items, 8 * (size_t)(4 * l.max_items + 2));
+    PLACE(act_s, moe == NULL ? 0 : arbor_qact_bytes(rows, moe->gate_up.kp));
+    PLACE(g, 4 * (size_t)(rows * inter));
+    PLACE(act_g, moe == NULL ? 0 : arbor_qact_bytes(rows, moe->down.kp));
+    PLACE(y, 4 * (size_t)(rows * m->hidden));
 #undef PLACE
     l.total = at;
     return l;
@@ -165,15 +203,29 @@ static void norm_quantize(Team *team, const ArborDecodeModel *m, float *h, const
     team_sync(team);
 }
 
-/* Rotate q and k of each row and store its k, v in its pool slot (checked by the caller). */
+/* Each of `heads` heads of x (head_dim apart) through RMSNorm with `weight`, as the
+ * layer-by-layer norm does it row by row (tmp: head_dim floats). */
+static void norm_heads(float *x, int64_t heads, int64_t dim, const float *weight, float eps, float *tmp) {
+    for (int64_t h = 0; h < heads; h++) {
+        arbor_add_rms_norm_row(NULL, x + h * dim, weight, tmp, dim, eps);
+        memcpy(x + h * dim, tmp, sizeof(float) * (size_t)dim);
+    }
+}
+
+/* Norm q and k heads (when the layer has q/k norms), rotate them, and store each row's k,
+ * v in its pool slot (checked by the caller). */
 static void rotate_and_store(Team *team, const ArborDecodeModel *m, const ArborDecodeLayer *layer,
                              float *qkv, int64_t width, const float *cos, const float *sin,
-                             const int64_t *slots, int64_t batch) {
+                             const int64_t *slots, int64_t batch, float *tmp) {
     const int64_t hq = m->num_heads, hkv = m->num_kv_heads, dim = m->head_dim, half = dim / 2;
     int64_t lo, hi;
     share(team, batch, &lo, &hi);
     for (int64_t b = lo; b < hi; b++) {
         float *row = qkv + b * width, *k = row + hq * dim, *v = k + hkv * dim;
+        if (layer->q_norm != NULL) {
+            norm_heads(row, hq, dim, layer->q_norm, m->eps, tmp);
+            norm_heads(k, hkv, dim, layer->k_norm, m->eps, tmp);
+        }
         arbor_rotary_row(row, cos + b * half, sin + b * half, hq + hkv, dim);
         const int64_t slot = slots[b];
         for (int64_t h = 0; h < hkv; h++) {
@@ -236,6 +288,109 @@ static int attention(Team *team, const ArborDecodeModel *m, const ArborDecodeLay
     return bad;
 }
 
+/* The rows of a batch's (token, expert) pairs sorted by expert, by token within one
+ * (kernels/reference/moe.py group_by_expert), and the work items of both matmuls; run by
+ * one thread. items: [count_gu, count_down, (e, n0) pairs of gate_up..., of down...]. */
+static void group_rows(const ArborDecodeLayer *layer, const Layout *l, char *scratch, int64_t batch,
+                       int64_t hidden) {
+    const int64_t e_num = layer->num_experts, k = layer->top_k, inter = layer->down.k_len;
+    const int64_t *sel_e = (const int64_t *)(scratch + l->sel_e);
+    const float *sel_w = (const float *)(scratch + l->sel_w);
+    int64_t *row_token = (int64_t *)(scratch + l->row_token), *token_rows = (int64_t *)(scratch + l->token_rows);
+    int64_t *offsets = (int64_t *)(scratch + l->offsets), *items = (int64_t *)(scratch + l->items);
+    float *row_w = (float *)(scratch + l->row_w);
+    int64_t s = 0, num_gu = 0, num_down = 0;
+    int64_t *gu = items + 2, *down = gu + 2 * l->max_items;
+    for (int64_t e = 0; e < e_num; e++) {
+        offsets[e] = s;
+        for (int64_t b = 0; b < batch; b++)
+            for (int64_t j = 0; j < k; j++)
+                if (sel_e[b * k + j] == e) row_token[s] = b, row_w[s] = sel_w[b * k + j], s++;
+        if (s == offsets[e]) continue;
+        for (int64_t n0 = 0; n0 < inter; n0 += MLP_CHUNK) gu[2 * num_gu] = e, gu[2 * num_gu + 1] = n0, num_gu++;
+        for (int64_t n0 = 0; n0 < hidden; n0 += MLP_CHUNK)
+            down[2 * num_down] = e, down[2 * num_down + 1] = n0, num_down++;
+    }
+    offsets[e_num] = s;
+    int64_t seen[batch];
+    for (int64_t b = 0; b < batch; b++) seen[b] = 0;
+    for (int64_t r = 0; r < s; r++) token_rows[row_token[r] * k + seen[row_token[r]]++] = r; /* ascending */
+    items[0] = num_gu, items[1] = num_down;
+}
+
+/* h += sum over j of y[rows[j]] * w[rows[j]], summed from zero in the order of rows, then
+ * added: the reference's products, index_add and residual add, each rounded on its own
+ * (no multiply-add contracted). */
+__attribute__((optimize("fp-contract=off"))) static void combine_row(const float *y, const float *w,
+                                                                      const int64_t *rows, int64_t k,
+                                                                      int64_t hidden, float *sum, float *h) {
+    for (int64_t i = 0; i < hidden; i++) sum[i] = 0.0f;
+    for (int64_t j = 0; j < k; j++) {
+        const float *row = y + rows[j] * hidden, weight = w[rows[j]];
+        for (int64_t i = 0; i < hidden; i++) sum[i] += row[i] * weight;
+    }
+    for (int64_t i = 0; i < hidden; i++) h[i] += sum[i];
+}
+
+/* h += the experts block of norm(h) for the batch (moe_experts.c's arithmetic, with the
+ * route of arbor_route_row); the team runs it together. */
+static void experts_step(Team *team, const ArborDecodeModel *m, const ArborDecodeLayer *layer, const Layout *l,
+                         char *scratch, int64_t batch, float *h, float *tmp) {
+    const int64_t hidden = m->hidden, e_num = layer->num_experts, k = layer->top_k, inter = layer->down.k_len;
+    const int64_t rows = batch * k;
+    float *xn = (float *)(scratch + l->xn), *probs = (float *)(scratch + l->probs);
+    float *g = (float *)(scratch + l->g), *y = (float *)(scratch + l->y);
+    const float *row_w = (const float *)(scratch + l->row_w);
+    const int64_t *row_token = (const int64_t *)(scratch + l->row_token);
+    const int64_t *token_rows = (const int64_t *)(scratch + l->token_rows);
+    const int64_t *offsets = (const int64_t *)(scratch + l->offsets), *items = (const int64_t *)(scratch + l->items);
+    ArborQAct act_s, act_g;
+    arbor_qact_init(&act_s, scratch + l->act_s, rows, layer->gate_up.kp);
+    arbor_qact_init(&act_g, scratch + l->act_g, rows, layer->down.kp);
+    int64_t lo, hi;
+    share(team, batch, &lo, &hi);
+    for (int64_t b = lo; b < hi; b++) {
+        arbor_add_rms_norm_row(NULL, h + b * hidden, layer->post_norm, xn + b * hidden, hidden, m->eps);
+        arbor_route_row(xn + b * hidden, layer->router, hidden, e_num, k, layer->normalize_topk, probs + b * e_num,
+                        (float *)(scratch + l->sel_w) + b * k, (int64_t *)(scratch + l->sel_e) + b * k);
+    }
+    team_sync(team);
+    if (team->tid == 0) group_rows(layer, l, scratch, batch, hidden);
+    team_sync(team);
+    share(team, rows, &lo, &hi);
+    for (int64_t r = lo; r < hi; r++) arbor_qact_quantize_row(&act_s, r, xn + row_token[r] * hidden, hidden);
+    team_sync(team);
+    /* gate rows [n0, n1) of an expert and its up rows [inter + n0, inter + n1), as the
+     * dense MLP's chunks, for the expert's rows */
+    const int64_t *gu = items + 2, *down = gu + 2 * l->max_items;
+    float *gate = tmp + (l->tmp_floats - 2 * batch * MLP_CHUNK), *up = gate + batch * MLP_CHUNK;
+    share(team, items[0], &lo, &hi);
+    for (int64_t i = lo; i < hi; i++) {
+        const int64_t e = gu[2 * i], n0 = gu[2 * i + 1], n1 = n0 + MLP_CHUNK < inter ? n0 + MLP_CHUNK : inter;
+        const int64_t r0 = offsets[e], r1 = offsets[e + 1];
+        arbor_expert_matmul(&layer->gate_up, e_num, e, &act_s, r0, r1, n0, n1, gate, MLP_CHUNK);
+        arbor_expert_matmul(&layer->gate_up, e_num, e, &act_s, r0, r1, inter + n0, inter + n1, up, MLP_CHUNK);
+        for (int64_t r = r0; r < r1; r++)
+            arbor_silu_mul_row(gate + (r - r0) * MLP_CHUNK, up + (r - r0) * MLP_CHUNK, g + r * inter + n0, n1 - n0);
+    }
+    team_sync(team);
+    share(team, rows, &lo, &hi);
+    for (int64_t r = lo; r < hi; r++) arbor_qact_quantize_row(&act_g, r, g + r * inter, inter);
+    team_sync(team);
+    share(team, items[1], &lo, &hi);
+    for (int64_t i = lo; i < hi; i++) {
+        const int64_t e = down[2 * i], n0 = down[2 * i + 1], n1 = n0 + MLP_CHUNK < hidden ? n0 + MLP_CHUNK : hidden;
+        arbor_expert_matmul(&layer->down, e_num, e, &act_g, offsets[e], offsets[e + 1], n0, n1,
+                            y + offsets[e] * hidden + n0, hidden);
+    }
+    team_sync(team);
+    /* NOTE: a token's rows are added in expert order, from zero, then into h: the
+     * reference's combine and the next layer's residual add */
+    share(team, batch, &lo, &hi);
+    for (int64_t b = lo; b < hi; b++) combine_row(y, row_w, token_rows + b * k, k, hidden, tmp, h + b * hidden);
+    team_sync(team);
+}
+
 /* One decoder layer for the batch; the team runs it together. */
 static int layer_step(Team *team, const ArborDecodeModel *m, const ArborDecodeLayer *layer,
                       const Layout *l, char *scratch, const StepInputs *in, float *h, ArborQAct *act_h,
@@ -244,9 +399,13 @@ static int layer_step(Team *team, const ArborDecodeModel *m, const ArborDecodeLa
     float *qkv = (float *)(scratch + l->qkv), *mlp = (float *)(scratch + l->mlp);
     norm_quantize(team, m, h, layer->input_norm, act_h, batch, tmp);
     matmul(team, &layer->qkv, act_h, qkv, l->qkv_width, 0);
-    rotate_and_store(team, m, layer, qkv, l->qkv_width, in->cos, in->sin, in->slots, batch);
+    rotate_and_store(team, m, layer, qkv, l->qkv_width, in->cos, in->sin, in->slots, batch, tmp);
     const int bad = attention(team, m, layer, l, scratch, in, act_o);
     matmul(team, &layer->o, act_o, h, m->hidden, 1);
+    if (layer->num_experts > 0) {
+        experts_step(team, m, layer, l, scratch, batch, h, tmp);
+        return bad;
+    }
     norm_quantize(team, m, h, layer->post_norm, act_h, batch, tmp);
     /* gate rows [n0, n1) and their up rows [inter + n0, inter + n1), MLP_CHUNK rows at a
      * time, over this thread's TILE-row tiles */
@@ -294,7 +453,8 @@ int arbor_decode_step(const ArborDecodeModel *m, int64_t batch, float *h, const 
     ArborQAct act_h, act_o, act_i;
     arbor_qact_init(&act_h, mem + l.act_h, batch, m->layers[0].qkv.kp);
     arbor_qact_init(&act_o, mem + l.act_o, batch, m->layers[0].o.kp);
-    arbor_qact_init(&act_i, mem + l.act_i, batch, m->layers[0].down.kp);
+    const ArborDecodeLayer *dense = first_layer(m, 0);
+    arbor_qact_init(&act_i, mem + l.act_i, batch, dense == NULL ? 32 : dense->down.kp);
     const StepInputs in = {batch, max_pages, cos, sin, slots, page_table, seq_lens};
     SpinBarrier barrier;
     atomic_init(&barrier.arrived, 0);

@@ -20,7 +20,7 @@ from kernels.cpu.decode_attention import KV_KINDS, MAX_DIM, MAX_HEADS
 from kernels.reference.quant import QuantizedWeight
 
 _P, _I, _F, _N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-_SOURCES = ("quant_linear", "decode_attention", "store_kv", "elementwise")
+_SOURCES = ("quant_linear", "decode_attention", "store_kv", "elementwise", "moe_experts")
 
 
 class _QWeight(ctypes.Structure):  # ArborQWeight
@@ -32,7 +32,8 @@ class _QWeight(ctypes.Structure):  # ArborQWeight
 class _Layer(ctypes.Structure):  # ArborDecodeLayer
     _fields_ = [("qkv", _QWeight), ("o", _QWeight), ("gate_up", _QWeight), ("down", _QWeight),
                 ("input_norm", _P), ("post_norm", _P), ("k", _P), ("v", _P), ("k_scale", _P),
-                ("v_scale", _P), ("window", _I)]
+                ("v_scale", _P), ("window", _I), ("router", _P), ("num_experts", _I), ("top_k", _I),
+                ("normalize_topk", ctypes.c_int32), ("q_norm", _P), ("k_norm", _P)]
 
 
 class _Model(ctypes.Structure):  # ArborDecodeModel
@@ -43,8 +44,24 @@ class _Model(ctypes.Structure):  # ArborDecodeModel
 
 
 @dataclass(frozen=True)
+class DecodeExperts:
+    """A layer's router when its MLP is a mixture of experts (Qwen3-MoE, Mixtral)."""
+
+    router: torch.Tensor  # [num_experts, hidden] fp32
+    top_k: int  # experts per token
+    normalize_topk: bool  # renormalize the top-k probabilities to sum to 1
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.router.shape[0])
+
+
+@dataclass(frozen=True)
 class DecodeLayerWeights:
-    """One decoder layer as the fused step reads it (fused q/k/v and gate/up rows)."""
+    """One decoder layer as the fused step reads it (fused q/k/v and gate/up rows). With
+    ``experts``, ``gate_up`` and ``down`` hold every expert's rows stacked, as
+    ``kernels.ExpertWeights`` does: [E * 2I, hidden] (per expert gate rows, then up rows)
+    and [E * hidden, I]."""
 
     qkv: QuantizedWeight  # [Hq*D + 2*Hkv*D, hidden]
     qkv_bias: torch.Tensor | None  # [Hq*D + 2*Hkv*D] fp32 (Qwen2), or None
@@ -54,6 +71,8 @@ class DecodeLayerWeights:
     input_norm: torch.Tensor  # [hidden] fp32
     post_norm: torch.Tensor  # [hidden] fp32
     window: int | None = None  # attend to the last ``window`` positions only (a sliding-window layer)
+    experts: DecodeExperts | None = None  # the MLP is a mixture of experts
+    qk_norms: tuple[torch.Tensor, torch.Tensor] | None = None  # [D] fp32 each: RMSNorm over each q, k head (Qwen 3)
 
 
 @dataclass(frozen=True)
@@ -153,10 +172,16 @@ class BoundDecodeStep:
         if kind is None:
             raise UnsupportedDecodeModel(f"KV pool dtype {pool.k[0].dtype}")
         self.num_slots = int(pool.k[0].shape[0])
-        inter = weights.layers[0].gate_up.out_features // 2
+        dense = [lw for lw in weights.layers if lw.experts is None]
+        inter = dense[0].gate_up.out_features // 2 if dense else 0
+        moe = [lw.experts for lw in weights.layers if lw.experts is not None]
+        if len({(e.num_experts, e.top_k) for e in moe}) > 1:
+            raise UnsupportedDecodeModel("layers with different numbers of experts or top-k")
         layers = (_Layer * len(weights.layers))()
         for i, lw in enumerate(weights.layers):
             layers[i] = self._layer(lw, pool, i, kind, hidden, inter, hq, hkv, dim)
+        if len({layers[i].down.k_len for i, lw in enumerate(weights.layers) if lw.experts is not None}) > 1:
+            raise UnsupportedDecodeModel("layers with experts of different intermediate sizes")
         widths = {layers[0].qkv.kp, layers[0].gate_up.kp}
         head = _qweight(weights.lm_head, self.vocab, hidden, "lm_head")
         if len(widths | {head.kp}) != 1:
@@ -188,15 +213,38 @@ class BoundDecodeStep:
             vs = _cpu(pool.v_scale[i], torch.float32, f"{name}.v_scale")
             scales = (ks.data_ptr(), vs.data_ptr())
         qkv_rows = (hq + 2 * hkv) * dim
+        experts, mlp = lw.experts, (2 * inter, hidden, hidden, inter)
+        if experts is not None:
+            e = experts.num_experts
+            _cpu(experts.router, torch.float32, f"{name}.router")
+            if experts.router.dim() != 2 or experts.router.shape[1] != hidden or not 1 <= experts.top_k <= e:
+                raise UnsupportedDecodeModel(f"{name}.router is {tuple(experts.router.shape)} with top-"
+                                             f"{experts.top_k}, expected [num_experts, {hidden}]")
+            if lw.gate_up.out_features % (2 * e):
+                raise UnsupportedDecodeModel(f"{name}.gate_up's rows do not split into {e} experts")
+            per_expert = lw.gate_up.out_features // (2 * e)
+            mlp = (lw.gate_up.out_features, hidden, hidden * e, per_expert)
         return _Layer(
             _qweight(lw.qkv, qkv_rows, hidden, f"{name}.qkv", lw.qkv_bias),
             _qweight(lw.o, hidden, hq * dim, f"{name}.o"),
-            _qweight(lw.gate_up, 2 * inter, hidden, f"{name}.gate_up"),
-            _qweight(lw.down, hidden, inter, f"{name}.down"),
+            _qweight(lw.gate_up, mlp[0], mlp[1], f"{name}.gate_up"),
+            _qweight(lw.down, mlp[2], mlp[3], f"{name}.down"),
             _cpu(lw.input_norm, torch.float32, f"{name}.input_norm").data_ptr(),
             _cpu(lw.post_norm, torch.float32, f"{name}.post_norm").data_ptr(),
             k.data_ptr(), v.data_ptr(), *scales, _window(lw.window, name),
+            0 if experts is None else experts.router.data_ptr(), 0 if experts is None else experts.num_experts,
+            0 if experts is None else experts.top_k, int(experts is not None and experts.normalize_topk),
+            *BoundDecodeStep._qk_norms(lw, name, dim),
         )
+
+    @staticmethod
+    def _qk_norms(lw: DecodeLayerWeights, name: str, dim: int) -> tuple[int, int]:
+        if lw.qk_norms is None:
+            return 0, 0
+        q, k = (_cpu(w, torch.float32, f"{name}.{part}_norm") for w, part in zip(lw.qk_norms, "qk", strict=True))
+        if tuple(q.shape) != (dim,) or tuple(k.shape) != (dim,):
+            raise UnsupportedDecodeModel(f"{name}'s q/k norms must be [{dim}]")
+        return q.data_ptr(), k.data_ptr()
 
     def __call__(
         self,

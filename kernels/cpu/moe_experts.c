@@ -15,6 +15,7 @@
  * An item multiplies its expert's rows [n0, n1) with that expert's activation rows only,
  * through arbor_qmatmul_range: the same arithmetic as arbor_quant_linear per expert.
  */
+#include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -60,13 +61,45 @@ static int64_t plan_items(const int64_t *offsets, int64_t num_experts, int64_t n
     return count;
 }
 
+void arbor_expert_matmul(const ArborQWeight *w, int64_t num_experts, int64_t e, const ArborQAct *a, int64_t row0,
+                         int64_t row1, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+    const ArborQWeight we = expert_weight(w, e, w->n_out / num_experts);
+    const ArborQAct ae = act_rows(a, row0, row1);
+    arbor_qmatmul_range(&we, &ae, n0, n1, y, ldy, 0);
+}
+
 /* One work item of a grouped matmul: y[rows of expert e, n0 .. n0 + CHUNK_ROWS) of width n. */
 static void run_item(const ArborQWeight *w, const ArborQAct *a, const int64_t *offsets, int64_t num_experts,
                      int64_t e, int64_t n0, float *y) {
     const int64_t n = w->n_out / num_experts, n1 = n0 + CHUNK_ROWS < n ? n0 + CHUNK_ROWS : n;
-    const ArborQWeight we = expert_weight(w, e, n);
-    const ArborQAct ae = act_rows(a, offsets[e], offsets[e + 1]);
-    arbor_qmatmul_range(&we, &ae, n0, n1, y + offsets[e] * n + n0, n, 0);
+    arbor_expert_matmul(w, num_experts, e, a, offsets[e], offsets[e + 1], n0, n1, y + offsets[e] * n + n0, n);
+}
+
+void arbor_route_row(const float *x, const float *router, int64_t hidden, int64_t num_experts, int64_t top_k,
+                     int normalize, float *probs, float *weights, int64_t *ids) {
+    float top = -INFINITY, sum = 0.0f;
+    for (int64_t e = 0; e < num_experts; e++) {
+        const float *w = router + e * hidden;
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t i = 0; i < hidden; i++) dot += w[i] * x[i];
+        probs[e] = dot;
+        top = dot > top ? dot : top;
+    }
+    for (int64_t e = 0; e < num_experts; e++) sum += probs[e] = expf(probs[e] - top);
+    for (int64_t e = 0; e < num_experts; e++) probs[e] /= sum;
+    float picked = 0.0f;
+    for (int64_t j = 0; j < top_k; j++) { /* the largest not yet taken; a tie goes to the lower id */
+        int64_t best = -1;
+        for (int64_t e = 0; e < num_experts; e++) {
+            int taken = 0;
+            for (int64_t i = 0; i < j; i++) taken |= ids[i] == e;
+            if (!taken && (best < 0 || probs[e] > probs[best])) best = e;
+        }
+        ids[j] = best, weights[j] = probs[best], picked += probs[best];
+    }
+    if (normalize)
+        for (int64_t j = 0; j < top_k; j++) weights[j] /= picked;
 }
 
 /* Returns 0, -1 when scratch memory ran out, -2 for tiled weights in a build without the

@@ -232,11 +232,11 @@ def _present(take: Take, name: str) -> bool:
 class ExpertsBlock(MLPBlock):
     """A mixture of experts where the MLP is (``SparseMoeBlock``), the dense MLP in the
     layers without experts (Qwen3-MoE's ``mlp_only_layers`` / ``decoder_sparse_step``).
-    int8 / int4 quantize the experts; tensor parallelism and the fused decode step (whose
-    C layer has a dense MLP) are refused by the engine, naming this block."""
+    int8 / int4 quantize the experts, which the fused decode step runs too (its C layer's
+    experts block); tensor parallelism is refused by the engine, naming this block."""
 
     name = "experts"
-    supports = frozenset({"int8", "int4"})
+    supports = frozenset({"int8", "int4", "fused_decode"})
 
     def build(self, args: ModelArgs, layer_idx: int = 0) -> nn.Module:
         moe = _moe(args)

@@ -36,8 +36,9 @@ SHAPE: dict[str, Any] = dict(vocab_size=49152, hidden_size=64, intermediate_size
                              num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                              max_position_embeddings=1024, bos_token_id=1, eos_token_id=2)
 # family -> (GGUF architecture, llama.cpp permutes q / k rows)
-GGUF_ARCH = {"qwen3": ("qwen3", False), "llama3": ("llama", True), "mistral": ("llama", True),
-             "phi3": ("phi3", False), "gemma2": ("gemma2", False), "gemma3": ("gemma3", False)}
+GGUF_ARCH = {"qwen3": ("qwen3", False), "qwen2": ("qwen2", False), "llama3": ("llama", True),
+             "mistral": ("llama", True), "phi3": ("phi3", False), "gemma2": ("gemma2", False),
+             "gemma3": ("gemma3", False)}
 PROMPT = ("In the quiet town by the river, the baker opened her shop before dawn, and the smell of bread "
           "drifted through the narrow streets where the cats slept on warm stones. Later that morning the "
           "fishermen came back with their nets full, and the children ran down to the harbour to watch.")
@@ -48,6 +49,8 @@ def _config(family: str) -> tuple[Any, Any]:
 
     if family == "qwen3":
         return tf.Qwen3Config(**SHAPE, tie_word_embeddings=True), tf.Qwen3ForCausalLM
+    if family == "qwen2":  # Qwen 2.5: q/k/v biases
+        return tf.Qwen2Config(**SHAPE, tie_word_embeddings=True), tf.Qwen2ForCausalLM
     if family == "llama3":
         rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from family_models import hf_greedy, write_family_gguf
 from test_families import GEMMA_TEMPLATE, GGUF_ARCH, _save
+from test_moe_families import save_tiny_moe, write_moe_gguf
 
 from runtime.model.gguf_file import GGUFFile
 from runtime.model.gguf_tokenizer import gguf_tokenizer
@@ -101,6 +102,7 @@ def test_the_tokenizer_of_the_real_shape_files_equals_transformers(vocab: int, t
 MESSAGES: list[Any] = [{"role": "user", "content": "Name a colour."}]
 STOP_AT = 3  # the greedy token generated at this step is written as the file's end-of-turn id
 SLOW_SERVE = {"llama3", "mistral", "phi3", "gemma2"}  # ~9 s each; qwen3 and gemma3 stay fast
+MOE = {"qwen3_moe", "mixtral"}  # test_moe_families.py's tiny models and files
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +127,20 @@ LLAMA3_TEMPLATE = ("{% for m in messages %}{% set content = '<|start_header_id|>
 MISTRAL_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}"
                     "{{ '[INST] ' + m['content'] + ' [/INST]' }}{% elif m['role'] == 'assistant' %}"
                     "{{ m['content'] + eos_token }}{% endif %}{% endfor %}")
+# Qwen 2.5's ChatML: its own system prompt when the messages carry none
+QWEN25_TEMPLATE = ("{% if messages[0]['role'] == 'system' %}{{ '<|im_start|>system\\n' + messages[0]['content'] + "
+                   "'<|im_end|>\\n' }}{% else %}{{ '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. "
+                   "You are a helpful assistant.<|im_end|>\\n' }}{% endif %}{% for m in messages %}"
+                   "{% if not (m['role'] == 'system' and loop.first) %}{{ '<|im_start|>' + m['role'] + '\\n' + "
+                   "m['content'] + '<|im_end|>\\n' }}{% endif %}{% endfor %}"
+                   "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+# Mixtral-Instruct's: user and assistant turns alternating, checked. NOTE: not yet in FAMILY_CHAT: served
+# from its F32 GGUF, the tiny Mixtral's answer did not reach the stop token (finish "length"; open)
+MIXTRAL_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+                    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+                    "{% endif %}{% if m['role'] == 'user' %}{{ '[INST] ' + m['content'] + ' [/INST]' }}"
+                    "{% elif m['role'] == 'assistant' %}{{ m['content'] + eos_token }}{% else %}"
+                    "{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}")
 PHI3_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ '<|system|>\\n' + m['content'] + "
                  "'<|end|>\\n' }}{% elif m['role'] == 'user' %}{{ '<|user|>\\n' + m['content'] + '<|end|>\\n' }}"
                  "{% elif m['role'] == 'assistant' %}{{ '<|assistant|>\\n' + m['content'] + '<|end|>\\n' }}"
@@ -134,6 +150,9 @@ PHI3_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ '<|sys
 FAMILY_CHAT: dict[str, tuple[str, str, dict[str, Any]]] = {
     # thinking off, as Qwen 3's template writes it (an empty span): else the server opens one
     "qwen3": (QWEN3_TEMPLATE, "<|im_start|>assistant\n<think>\n\n</think>\n\n", {"enable_thinking": False}),
+    "qwen2": (QWEN25_TEMPLATE, "assistant.<|im_end|>\n<|im_start|>user\nName a colour.<|im_end|>\n"
+                               "<|im_start|>assistant\n", {}),
+    "qwen3_moe": (QWEN3_TEMPLATE, "<|im_start|>assistant\n<think>\n\n</think>\n\n", {"enable_thinking": False}),
     "llama3": (LLAMA3_TEMPLATE, "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n", {}),
     "mistral": (MISTRAL_TEMPLATE, "[INST] Name a colour. [/INST]", {}),
     "phi3": (PHI3_TEMPLATE, "<|end|>\n<|assistant|>\n", {}),
@@ -155,10 +174,8 @@ def test_arbor_serve_uses_the_files_template_and_stop_token(name: str, tmp_path:
     import openai
 
     template, ending, kwargs = FAMILY_CHAT[name]
-    hf_dir = _save(name, tmp_path / "hf")
-    arch, permute = GGUF_ARCH[name]
-    probe = GGUFFile(write_family_gguf(hf_dir, tmp_path / "probe.gguf", arch, default_gguf,
-                                       permute_qk=permute, chat_template=template))
+    hf_dir = save_tiny_moe(name, tmp_path / "hf") if name in MOE else _save(name, tmp_path / "hf")
+    probe = GGUFFile(_write_gguf(name, hf_dir, tmp_path / "probe.gguf", default_gguf, chat_template=template))
     try:
         tokenizer = gguf_tokenizer(probe)
     finally:
@@ -170,8 +187,8 @@ def test_arbor_serve_uses_the_files_template_and_stop_token(name: str, tmp_path:
     stop = want[STOP_AT]
     assert stop != 2, "the stop token must differ from EOS (the test would not show the file's own)"
     end = min(i for i, t in enumerate(want) if t in (stop, 2))
-    path = write_family_gguf(hf_dir, tmp_path / f"{name}.gguf", arch, default_gguf, permute_qk=permute,
-                             chat_template=template, metadata={"tokenizer.ggml.eot_token_id": stop})
+    path = _write_gguf(name, hf_dir, tmp_path / f"{name}.gguf", default_gguf, chat_template=template,
+                       metadata={"tokenizer.ggml.eot_token_id": stop})
     proc, url = start_server(path, "--num-pages", "256", "--max-model-len", "256")
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
@@ -184,3 +201,12 @@ def test_arbor_serve_uses_the_files_template_and_stop_token(name: str, tmp_path:
     assert got.choices[0].finish_reason == "stop"
     assert got.usage.completion_tokens in (end, end + 1)  # the stop token counted or not
     assert got.choices[0].message.content == tokenizer.decode(want[:end], skip_special_tokens=True)
+
+
+def _write_gguf(name: str, hf_dir: Path, path: Path, default_gguf: GGUFFile, **options: Any) -> Path:
+    """The family's GGUF (F32) as llama.cpp's converter writes it, with ``options``
+    (``chat_template``, ``metadata``)."""
+    if name in MOE:
+        return write_moe_gguf(hf_dir, path, **options)
+    arch, permute = GGUF_ARCH[name]
+    return write_family_gguf(hf_dir, path, arch, default_gguf, permute_qk=permute, **options)

@@ -115,10 +115,12 @@ def test_tensor_parallel_experts_are_refused(moe_dir: Path) -> None:
 
 
 # ---- GGUF ------------------------------------------------------------------------------------
-def write_moe_gguf(model_dir: Path, path: Path, qtype: str = "F32", drop: tuple[str, ...] = ()) -> Path:
+def write_moe_gguf(model_dir: Path, path: Path, qtype: str = "F32", drop: tuple[str, ...] = (),
+                   **options: Any) -> Path:
     """``model_dir``'s weights as llama.cpp's converter lays them out: Qwen3-MoE as
     ``qwen3moe``, Mixtral as ``llama`` with experts (its q / k rows permuted), experts as
-    3-D ``ffn_{gate,up,down}_exps`` tensors beside the router ``ffn_gate_inp``."""
+    3-D ``ffn_{gate,up,down}_exps`` tensors beside the router ``ffn_gate_inp``; ``options``:
+    ``write_family_gguf``'s ``metadata`` / ``chat_template``."""
     from runtime.model.default_model import default_gguf_file
 
     cfg = json.loads((model_dir / "config.json").read_text())
@@ -143,7 +145,7 @@ def write_moe_gguf(model_dir: Path, path: Path, qtype: str = "F32", drop: tuple[
     source = GGUFFile(default_gguf_file())
     try:
         return write_family_gguf(model_dir, path, "llama" if mixtral else "qwen3moe", source, qtype,
-                                 permute_qk=mixtral, drop=drop, extra=experts)
+                                 permute_qk=mixtral, drop=drop, extra=experts, **options)
     finally:
         source.close()
 
