@@ -23,9 +23,10 @@ is rebuilt from the set when stale entries outnumber live ones.
 
 Retention (``runtime/cache/retention.py``) pins prefixes for sessions: ``pin_ref`` runs
 along the root path like ``lock_ref``, and a pinned node is never in the evictable-leaf
-set. Its pages still count as evictable: ``evict`` releases whole sessions (earliest
-deadline first) once no unpinned leaf is left, and an ended session's pinned nodes (not
-their shared ancestors) are demoted to the front of the LRU order. The
+set. Its pages still count as evictable: once no unpinned leaf is left, ``evict`` unpins
+sessions (earliest deadline first), takes what it needs from their tails, and pins again
+what a live one has left (``_repin``); an ended session's pinned nodes (not their shared
+ancestors) are demoted to the front of the LRU order. The
 ``max_evictable_pages`` bound below counts pinned pages too: past it, pins are soft.
 
 ``max_evictable_pages`` bounds what the tree keeps for finished requests: past it, the
@@ -341,12 +342,14 @@ class RadixTree(PrefixCache):
     @_whole_move
     def evict(self, num_pages: int, offload: bool = True) -> int:
         freed = 0
+        trimmed: list[RetainedSession] = []
         while freed < num_pages:
             if not self._leaves:
                 victim = self.retention.next_victim()  # NOTE: pins go only when nothing else can
                 if victim is None:
                     break
-                self._drop(victim)
+                self._drop(victim)  # its pinned node is demoted: the session gives its tail first
+                trimmed.append(victim)
                 continue
             access, _, leaf = heapq.heappop(self._heap)
             if leaf not in self._leaves or leaf.last_access != access:
@@ -363,7 +366,36 @@ class RadixTree(PrefixCache):
             self._refresh(parent)
             if parent.parent is None and not parent.children and parent is not self.root:
                 del self._roots[self._namespace_of.pop(parent)]  # a namespace's last leaf
+        for session in trimmed:
+            self._repin(session)
         return freed
+
+    def _repin(self, session: RetainedSession) -> None:
+        """Pin again what eviction left of a live session it had to unpin.
+
+        A session is unpinned whole when the pool needs its pages, but eviction takes only
+        what it needs, from the session's tail; the head it leaves stays pinned, so the
+        next shortage takes unpinned traffic before it (unpinned, the head would be the
+        oldest leaf in the tree, first to go). A session past its deadline stays dropped.
+        """
+        if session.deadline <= self.retention.clock():
+            return
+        left = {id(n): n for n in (self._surviving(p) for p in session.pins) if n is not None}
+        pins = [n for n in left.values() if not any(o is not n and self._is_ancestor(n, o) for o in left.values())]
+        if pins and self.retention.restore(session):
+            session.pins = pins
+            for node in pins:
+                self._pin_path(node, +1)
+
+    def _surviving(self, node: _Node) -> _Node | None:
+        """The deepest node of ``node``'s root path still in the tree (None: none is)."""
+        ps = self.page_size
+        while node.parent is not None and node.parent.children.get(node.key[:ps]) is not node:
+            node = node.parent
+        if node.parent is None:
+            return None
+        root = self._root_of(node)
+        return node if self._roots.get(self._namespace_of.get(root)) is root else None
 
     def _path_tokens(self, node: _Node) -> list[int]:
         """The tokens from ``node``'s namespace root to the end of its edge."""

@@ -10,9 +10,9 @@ the radix tree evicts them last. Its order (``RadixTree.evict``):
 
 1. leaves released by ended sessions (demoted to the front of the LRU order);
 2. unpinned leaves, least recently used first;
-3. pinned sessions, one whole session at a time, earliest deadline first: sessions past
-   their deadline go before live ones, and a live session inside its budget goes only
-   when nothing else is left.
+3. pinned sessions, earliest deadline first: sessions past their deadline go whole, before
+   live ones; a live session inside its budget gives pages only when nothing else is
+   left, from its tail, and what the eviction did not need stays pinned.
 
 A session's pins are bounded by a page budget per owner (a tenant, or the run itself): a
 pin that would take the owner past it is refused (counted and logged, never an error),
@@ -99,6 +99,14 @@ class RetentionTable:
     def pop(self, session_id: str) -> RetainedSession | None:
         self._warned.discard(session_id)
         return self.sessions.pop(session_id, None)
+
+    def restore(self, session: RetainedSession) -> bool:
+        """Take back a session popped under memory pressure (its pins are set by the
+        caller); False if it ended, or another of its id started, meanwhile."""
+        if session.session_id in self._ended or session.session_id in self.sessions:
+            return False
+        self.sessions[session.session_id] = session
+        return True
 
     def end(self, session_id: str) -> RetainedSession | None:
         """The session ended: forget it, and refuse its later pins."""

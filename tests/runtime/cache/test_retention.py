@@ -133,8 +133,9 @@ def test_locked_pinned_prefix_is_not_evicted_when_released() -> None:
     tree.retain(hint("run"), [1, 2])
     match = tree.match_prefix([1, 2])
     tree.lock(match)  # a running request of the run uses it
-    assert tree.evict(5) == 0  # the session was released, but its prefix is in use
-    assert tree.retention.sessions == {} and cached(tree, [1, 2]) == 2
+    assert tree.evict(5) == 0  # the session was unpinned, but its prefix is in use...
+    assert cached(tree, [1, 2]) == 2
+    assert list(tree.retention.sessions) == ["run"] and tree.num_retained_pages == 2  # ...so pinned again
     tree.unlock(match)
     tree.check_integrity()
 
@@ -193,4 +194,33 @@ def test_the_same_prefix_retained_twice_is_pinned_once() -> None:
     assert len(tree.retention.sessions["run"].pins) == 1 and tree.num_retained_pages == 3
     assert tree.release("run") == 3
     assert tree.num_retained_pages == 0
+    tree.check_integrity()
+
+
+def test_a_live_session_gives_only_its_tail_and_keeps_the_rest_pinned() -> None:
+    pool, tree, _ = make(num_pages=9, budget=8)
+    insert(pool, tree, [1, 2, 3, 4])  # an agent's first turn...
+    insert(pool, tree, [1, 2, 3, 4, 5, 6])  # ...and its second, one node deeper
+    assert tree.retain(hint("agent"), [1, 2, 3, 4, 5, 6])
+    insert(pool, tree, [7, 8])  # one-shot traffic
+    tree.retain(hint("other", ttl_s=50.0), [7, 8])  # a later deadline: "agent" goes first
+    assert tree.evict(2) == 2  # nothing unpinned: the agent's tail [5 6] goes...
+    assert (cached(tree, [1, 2, 3, 4, 5, 6]), tree.num_retained_pages) == (4, 6)  # ...its head stays pinned
+    assert [n.key for n in tree.retention.sessions["agent"].pins] == [(1, 2, 3, 4)]
+    tree.release("other")
+    insert(pool, tree, [9])  # newer one-shot traffic
+    assert tree.evict(3) == 3  # unpinned leaves first: [7 8] (released) and [9], not the agent's head
+    assert (cached(tree, [1, 2, 3, 4]), cached(tree, [7, 8]), cached(tree, [9])) == (4, 0, 0)
+    tree.check_integrity()
+
+
+def test_a_session_past_its_deadline_is_not_pinned_again_after_a_trim() -> None:
+    pool, tree, clock = make(num_pages=7, budget=6)
+    insert(pool, tree, [1, 2, 3, 4])
+    insert(pool, tree, [1, 2, 3, 4, 5, 6])
+    tree.retain(hint("agent", ttl_s=1.0), [1, 2, 3, 4, 5, 6])
+    clock.now += 2
+    assert tree.evict(2) == 2
+    assert tree.retention.sessions == {} and tree.num_retained_pages == 0
+    assert cached(tree, [1, 2, 3, 4]) == 4  # kept, but as plain LRU
     tree.check_integrity()
